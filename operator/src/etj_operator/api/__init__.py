@@ -1,0 +1,4 @@
+"""ElasticTrainingJob API: pydantic models (``models``), status helpers (``status``), CRD generator (``crd``)."""
+
+from etj_operator.api.models import *  # noqa: F403  (the models module defines __all__)
+from etj_operator.api.models import __all__ as __all__

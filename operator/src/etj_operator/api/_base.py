@@ -1,0 +1,124 @@
+"""Shared building blocks for the API models: base config, CEL rule helper, quantity type.
+
+Kept apart from ``models.py`` so the spec and status modules stay small and both can use them.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+# Kubernetes resource.Quantity, without a sign: negative sizes make no sense for a worker.
+QUANTITY_RE = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
+_QUANTITY = re.compile(QUANTITY_RE)
+
+# A DNS-1123 label/subdomain, used for claim names and resource names.
+DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def cel(
+    rule: str,
+    message: str | None = None,
+    *,
+    message_expression: str | None = None,
+    field_path: str | None = None,
+    reason: str | None = None,
+) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry (a CEL rule the apiserver evaluates).
+
+    ``message`` must read as a sentence naming the field, because it is what ``kubectl apply`` prints.
+    """
+    out: dict[str, str] = {"rule": rule}
+    if message is not None:
+        out["message"] = message
+    if message_expression is not None:
+        out["messageExpression"] = message_expression
+    if field_path is not None:
+        out["fieldPath"] = field_path
+    if reason is not None:
+        out["reason"] = reason
+    return out
+
+
+def rules(*entries: dict[str, str]) -> dict[str, Any]:
+    """``json_schema_extra`` carrying CEL rules; the CRD generator copies it verbatim."""
+    return {"x-kubernetes-validations": list(entries)}
+
+
+class ApiModel(BaseModel):
+    """Base for every API object: camelCase on the wire, snake_case in Python.
+
+    ``extra="forbid"`` mirrors the apiserver's strict field validation, so a spec the operator parses
+    fails on the same typos ``kubectl apply`` rejects.
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        use_enum_values=False,
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """camelCase, JSON-compatible dict without unset optional fields (what goes into a patch)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, bool):
+        raise ValueError("must be a Kubernetes quantity such as 500m, 2 or 16Gi, not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    if not _QUANTITY.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity such as 500m, 2 or 16Gi")
+    return value
+
+
+_QUANTITY_RULE = cel(
+    # A CEL raw string (r'...') keeps the regex readable in `kubectl get crd -o yaml`.
+    "type(self) == int ? int(self) >= 0 : string(self).matches(r'" + QUANTITY_RE + "')",
+    "must be a Kubernetes quantity such as 500m, 2 or 16Gi",
+)
+
+# An int-or-string Kubernetes quantity. The JSON schema is written by hand because the apiserver only
+# accepts the exact ``x-kubernetes-int-or-string`` shape for union types in a structural schema.
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "maxLength": 64,
+            "x-kubernetes-validations": [_QUANTITY_RULE],
+        }
+    ),
+]
+
+
+def section(cls: type[BaseModel], description: str) -> Any:
+    """A nested object that is optional and filled with its own defaults when omitted.
+
+    The explicit ``default: {}`` in the schema makes the apiserver apply the nested defaults too, so
+    ``kubectl get -o yaml`` shows the effective settings.
+    """
+    return Field(default_factory=cls, description=description, json_schema_extra={"default": {}})
+
+
+def _rfc3339(value: datetime) -> str:
+    # metav1.Time is RFC 3339 in UTC with whole seconds; naive datetimes are taken as UTC.
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# A timestamp serialized the way Kubernetes writes metav1.Time.
+Time = Annotated[datetime, PlainSerializer(_rfc3339, return_type=str, when_used="json")]

@@ -1,0 +1,201 @@
+"""Status models of an ElasticTrainingJob and helpers the operator uses to write them.
+
+kopf writes status with a JSON merge patch, which replaces lists whole: ``ElasticTrainingJobStatus.to_patch``
+therefore always carries the full ``conditions`` and ``resizeHistory`` lists.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field
+
+from etj_operator.api._base import ApiModel, Time
+
+MAX_CONDITIONS = 16
+MAX_RESIZE_HISTORY = 20
+
+
+class Phase(StrEnum):
+    """Coarse lifecycle of a job; details live in conditions."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESIZING = "Resizing"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    """Condition types the operator sets (other types are allowed, as in metav1.Condition)."""
+
+    READY = "Ready"  # at least replicas.min workers joined and training
+    RESIZING = "Resizing"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CAPACITY_AVAILABLE = "CapacityAvailable"  # enough schedulable nodes for replicas.min
+
+
+class StatusModel(ApiModel):
+    # Status is written by the operator and may gain fields; parsing an older/newer one must not fail.
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(StatusModel):
+    """A metav1.Condition."""
+
+    type: Annotated[str, Field(min_length=1, max_length=316, pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9_.-]+$")] = Field(
+        description="Condition type in CamelCase, e.g. Ready."
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+    last_transition_time: Time = Field(description="When status last changed.")
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")] = (
+        Field(description="Machine-readable CamelCase reason of the last transition.")
+    )
+    message: Annotated[str, Field(max_length=32768)] = Field(default="", description="Human-readable details.")
+
+
+class Progress(StatusModel):
+    """Training progress reported by rank 0."""
+
+    epoch: int | None = Field(default=None, ge=0, description="Current epoch (0-based).")
+    step: int | None = Field(default=None, ge=0, description="Optimizer steps completed.")
+    samples_seen: int | None = Field(default=None, ge=0, description="Training samples consumed so far.")
+    samples_per_second: float | None = Field(default=None, ge=0, description="Recent training throughput.")
+    loss: float | None = Field(default=None, description="Recent training loss.")
+    accuracy: float | None = Field(default=None, description="Final evaluation accuracy (set at the end).")
+    last_update_time: Time | None = Field(default=None, description="When the trainer last reported.")
+
+
+class ResizeEvent(StatusModel):
+    """One change of the world size."""
+
+    time: Time = Field(description="When the new world size started training.")
+    from_: int = Field(alias="from", ge=0, description="Workers before the resize.")
+    to: int = Field(ge=0, description="Workers after the resize.")
+    reason: Annotated[str, Field(max_length=256)] = Field(
+        default="", description="Why, e.g. SpotInterruption, CapacityAdded, WorkerFailed, ScaledByUser."
+    )
+    pause_seconds: float | None = Field(default=None, ge=0, description="Seconds without training steps.")
+    steps_lost: int | None = Field(
+        default=None, ge=0, description="Optimizer steps redone because they were after the last checkpoint."
+    )
+
+
+class LastCheckpoint(StatusModel):
+    """The newest complete checkpoint."""
+
+    step: int = Field(ge=0, description="Optimizer step of the checkpoint.")
+    path: Annotated[str, Field(max_length=2048)] = Field(description="Where it was written.")
+    time: Time | None = Field(default=None, description="When it was written.")
+
+
+class ElasticTrainingJobStatus(StatusModel):
+    """Observed state of an ElasticTrainingJob, written by the operator."""
+
+    phase: Phase | None = Field(default=None, description="Pending, Running, Resizing, Suspended, Succeeded or Failed.")
+    conditions: Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)] = Field(
+        default_factory=list,
+        description="Latest observations (metav1.Condition); the whole list is rewritten on every update.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    observed_generation: int | None = Field(default=None, ge=0, description="Generation of the spec last acted on.")
+    desired_replicas: int | None = Field(default=None, ge=0, description="Workers the operator currently wants.")
+    current_replicas: int | None = Field(default=None, ge=0, description="Worker pods running now.")
+    workers: Annotated[str, Field(max_length=32)] | None = Field(
+        default=None, description="current/desired workers, for kubectl get."
+    )
+    selector: Annotated[str, Field(max_length=1024)] | None = Field(
+        default=None, description="Label selector of the worker pods (for the scale subresource)."
+    )
+    world_size: int | None = Field(default=None, ge=0, description="Workers in the current rendezvous round.")
+    per_worker_batch: int | None = Field(default=None, ge=0, description="Samples per worker per optimizer step.")
+    accumulation_steps: int | None = Field(
+        default=None, ge=0, description="Gradient accumulation steps per optimizer step on each worker."
+    )
+    lr_multiplier: float | None = Field(
+        default=None, ge=0, description="Current learning-rate multiplier (changes under DynamicSGD)."
+    )
+    progress: Progress | None = Field(default=None, description="Training progress.")
+    resize_history: Annotated[list[ResizeEvent], Field(max_length=MAX_RESIZE_HISTORY)] = Field(
+        default_factory=list, description=f"The last {MAX_RESIZE_HISTORY} resizes, oldest first."
+    )
+    last_checkpoint: LastCheckpoint | None = Field(default=None, description="Newest complete checkpoint.")
+    failures: int | None = Field(default=None, ge=0, description="Worker failures counted against the budget.")
+    start_time: Time | None = Field(default=None, description="When the first worker started training.")
+    completion_time: Time | None = Field(default=None, description="When the job Succeeded or Failed.")
+
+    def to_patch(self) -> dict[str, Any]:
+        """The ``status`` body of a merge patch, camelCase, lists complete, unset fields left untouched."""
+        body = self.to_dict()
+        body["conditions"] = [c.to_dict() for c in self.conditions]
+        body["resizeHistory"] = [e.to_dict() for e in self.resize_history[-MAX_RESIZE_HISTORY:]]
+        if self.current_replicas is not None and self.desired_replicas is not None:
+            body["workers"] = f"{self.current_replicas}/{self.desired_replicas}"
+        return body
+
+    def add_resize(self, event: ResizeEvent) -> None:
+        """Append a resize, dropping the oldest beyond the bound."""
+        self.resize_history = [*self.resize_history, event][-MAX_RESIZE_HISTORY:]
+
+
+def set_condition(
+    conditions: list[Condition],
+    type_: str,
+    status: ConditionStatus | bool,
+    reason: str,
+    message: str = "",
+    *,
+    generation: int | None = None,
+    now: datetime | None = None,
+) -> list[Condition]:
+    """Return a new list with one condition upserted.
+
+    lastTransitionTime only moves when status changes, as metav1.Condition requires.
+    """
+    if isinstance(status, bool):
+        status = ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    now = now or datetime.now(UTC)
+    out: list[Condition] = []
+    found = False
+    for cond in conditions:
+        if cond.type != type_:
+            out.append(cond)
+            continue
+        found = True
+        changed = cond.status != status
+        out.append(
+            Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                observed_generation=generation,
+                last_transition_time=now if changed else cond.last_transition_time,
+            )
+        )
+    if not found:
+        out.append(
+            Condition(
+                type=type_,
+                status=status,
+                reason=reason,
+                message=message,
+                observed_generation=generation,
+                last_transition_time=now,
+            )
+        )
+    return out
