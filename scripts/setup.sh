@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up everything etj needs on a fresh machine, idempotently:
+#   .venv/ with etj (operator + trainer, pinned torch/torchvision/DALI), then the local control plane
+#   built from upstream Go modules into ~/.cache/etj/k8s-<version>-<hash>/ and kubectl + helm linked
+#   into .venv/bin, so `export PATH=$PWD/.venv/bin:$PATH` gives you etj, kubectl and helm.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+
+command -v python3 >/dev/null || { say "python3 (>= 3.11) is required"; exit 1; }
+command -v go >/dev/null || { say "Go (>= 1.26) is required to build the local control plane"; exit 1; }
+
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv"
+  python3 -m venv .venv
+fi
+stamp=.venv/.etj-installed
+want=$(cat pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing Python packages (torch, DALI, kopf, ...; first time: a few GB, a few minutes)"
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --progress-bar off -e '.[trainer,dev]' | grep -v '^Requirement already satisfied' || true
+  .venv/bin/python -c 'import etj_operator, etj_trainer' # fail here, not later, if the install broke
+  echo "$want" > "$stamp"
+fi
+
+say "building or reusing the local control plane (cached by version)"
+.venv/bin/etj cluster build >/dev/null
+say "ready: export PATH=$PWD/.venv/bin:\$PATH"

@@ -1,0 +1,79 @@
+"""Clear errors from `etj cluster up`, and no half-started processes left behind."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from etj_operator.localcluster.cluster import LocalCluster
+from etj_operator.localcluster.components import PORT_OFFSETS, ports_from_base
+from etj_operator.localcluster.errors import ClusterError
+from etj_operator.localcluster.pki import LocalPKI
+
+
+def test_ports_follow_the_base() -> None:
+    ports = ports_from_base(20000)
+    assert ports["kube-apiserver"] == 20043
+    assert len(set(ports.values())) == len(PORT_OFFSETS)
+
+
+def test_port_in_use_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ETJ_CACHE_DIR", str(tmp_path))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        base = port - PORT_OFFSETS["kube-apiserver"]
+        cluster = LocalCluster.named("busy", port_base=base)
+        with pytest.raises(ClusterError) as err:
+            cluster._check_ports_free()
+    message = str(err.value)
+    assert f"port {port} (kube-apiserver)" in message and "ETJ_CLUSTER_PORT_BASE" in message
+    assert "\n" not in message
+
+
+def _processes_under(root: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if str(root).encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.cluster
+def test_a_component_that_will_not_start_leaves_nothing_running(cluster: object) -> None:
+    # `cluster` only guarantees the binaries are built; this test runs its own cluster on other ports.
+    broken = LocalCluster.named("etj-broken-test", port_base=int(os.environ.get("ETJ_TEST_BROKEN_BASE", 17400)))
+    broken.down()
+    pki = LocalPKI(broken.layout.pki)
+    pki.ensure()
+    (broken.layout.pki / "apiserver.crt").write_text("not a certificate\n")  # issue() keeps existing files
+    (broken.layout.pki / "apiserver.key").write_text("not a key\n")
+    try:
+        with pytest.raises(ClusterError) as err:
+            broken.up()
+        assert "kube-apiserver" in str(err.value)
+        assert _processes_under(broken.layout.root) == []  # etcd, started first, was stopped again
+        assert not broken.state_file.exists()
+    finally:
+        broken.down()
+
+
+def test_cli_reports_errors_in_one_line_without_a_traceback(tmp_path: Path) -> None:
+    env = {**os.environ, "ETJ_CACHE_DIR": str(tmp_path), "PATH": "/nonexistent"}
+    result = subprocess.run([sys.executable, "-m", "etj_operator.cli", "cluster", "up"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "etj: error: the Go toolchain is not on PATH" in result.stderr
