@@ -2,7 +2,8 @@
 
 ``crd.py`` turns these models into ``crds/`` (OpenAPI v3 + CEL); the operator parses a job with
 ``ElasticTrainingJobSpec.model_validate(body["spec"])`` (defaults applied, same limits as the apiserver)
-and writes status with the models in ``status.py`` (re-exported here).
+and writes status with the models in ``status.py``. Everything in ``pod.py`` and ``status.py`` is
+re-exported here, so ``from etj_operator.api.models import X`` works for every API type.
 
 Field names are a public API: renaming one breaks stored objects and the operator. Add, do not rename.
 """
@@ -10,11 +11,25 @@ Field names are a public API: renaming one breaks stored objects and the operato
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field, StringConstraints, model_validator
 
-from etj_operator.api._base import DNS_SUBDOMAIN_RE, ApiModel, Quantity, cel, rules, section
+from etj_operator.api._base import DNS_SUBDOMAIN_RE, ApiModel, cel, rules, section
+from etj_operator.api.pod import (
+    DEFAULT_COMMAND,
+    DEFAULT_GPU_RESOURCE,
+    CapacityType,
+    EnvVar,
+    Placement,
+    PullPolicy,
+    RendezvousPlacement,
+    TaintEffect,
+    Toleration,
+    TolerationOperator,
+    TrainerSpec,
+    WorkerResources,
+)
 from etj_operator.api.status import (
     MAX_RESIZE_HISTORY,
     Condition,
@@ -37,18 +52,9 @@ SINGULAR = "elastictrainingjob"
 SHORT_NAMES = ["etj"]
 CATEGORIES = ["training"]
 
-DEFAULT_COMMAND = ["etj-train", "worker"]
-DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 MAX_REPLICAS = 1024
 # Worker pod names are "<job>-w-<5 chars>" and the job name is a label value (63 chars max).
 MAX_JOB_NAME = 48
-
-
-class CapacityType(StrEnum):
-    """Kind of node capacity; the operator maps cloud labels (EKS, Karpenter, GKE, AKS) onto these."""
-
-    SPOT = "spot"
-    ON_DEMAND = "on-demand"
 
 
 class ResizePolicy(StrEnum):
@@ -58,127 +64,27 @@ class ResizePolicy(StrEnum):
     DYNAMIC_SGD = "DynamicSGD"
 
 
-class PullPolicy(StrEnum):
-    ALWAYS = "Always"
-    IF_NOT_PRESENT = "IfNotPresent"
-    NEVER = "Never"
-
-
-class TolerationOperator(StrEnum):
-    EXISTS = "Exists"
-    EQUAL = "Equal"
-
-
-class TaintEffect(StrEnum):
-    NO_SCHEDULE = "NoSchedule"
-    PREFER_NO_SCHEDULE = "PreferNoSchedule"
-    NO_EXECUTE = "NoExecute"
-
-
-Arg = Annotated[str, StringConstraints(max_length=4096)]
-LabelMap = Annotated[
-    dict[Annotated[str, StringConstraints(max_length=317)], Annotated[str, StringConstraints(max_length=63)]],
-    Field(max_length=32),
-]
-
-
-class EnvVar(ApiModel):
-    model_config = {"json_schema_extra": rules(
-        cel(
-            "!self.name.startsWith('ETJ_')",
-            "env names starting with ETJ_ are reserved for the operator; rename the variable",
-            field_path=".name",
-        ),
-        cel(
-            "!(has(self.value) && has(self.valueFrom))",
-            "an env entry may set value or valueFrom, not both",
-        ),
-    )}
-
-    name: Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")] = (
-        Field(description="Environment variable name (a C identifier; names starting with ETJ_ are reserved).")
-    )
-    value: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
-        default=None, description="Literal value."
-    )
-    value_from: dict[str, Any] | None = Field(
-        default=None,
-        description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef), "
-        "passed to the worker container unchanged.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> EnvVar:
-        if self.name.startswith("ETJ_"):
-            raise ValueError("env names starting with ETJ_ are reserved for the operator")
-        if self.value is not None and self.value_from is not None:
-            raise ValueError("an env entry may set value or valueFrom, not both")
-        return self
-
-
-class WorkerResources(ApiModel):
-    """Per-worker resources; requests and limits are both set to these values (Guaranteed QoS)."""
-
-    gpu: int = Field(
-        default=1,
-        ge=0,
-        le=64,
-        description="GPUs per worker pod (requested as gpuResourceName). Each GPU runs one training process; "
-        "0 runs one process on CPU.",
-    )
-    gpu_resource_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
-        default=DEFAULT_GPU_RESOURCE, description="Extended resource name of the GPU device plugin."
-    )
-    cpu: Quantity | None = Field(default=None, description="CPU per worker pod, e.g. 8 or 7500m.")
-    memory: Quantity | None = Field(default=None, description="Memory per worker pod, e.g. 60Gi.")
-    shm_size: Quantity | None = Field(
-        default=None,
-        description="Size of the memory-backed /dev/shm for data-loader workers; defaults to the operator's "
-        "choice (a fraction of memory).",
-    )
-
-
-class TrainerSpec(ApiModel):
-    """The container every worker runs."""
-
-    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
-        description="Trainer container image (must contain etj-train unless command is overridden)."
-    )
-    image_pull_policy: PullPolicy = Field(
-        default=PullPolicy.IF_NOT_PRESENT, description="Image pull policy of the worker containers."
-    )
-    command: Annotated[list[Arg], Field(min_length=1, max_length=32)] = Field(
-        default_factory=lambda: list(DEFAULT_COMMAND),
-        description="Entrypoint of the worker container; defaults to etj-train worker.",
-        json_schema_extra={"default": DEFAULT_COMMAND},
-    )
-    args: Annotated[list[Arg], Field(max_length=64)] = Field(
-        default_factory=list, description="Arguments appended to command (e.g. model, dataset, learning rate)."
-    )
-    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
-        default_factory=list,
-        description="Extra environment for the workers, added after the operator's ETJ_* variables.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
-    )
-    resources: WorkerResources = section(WorkerResources, "Resources of each worker pod.")
-
-
 class ReplicaRange(ApiModel):
     """Elastic range of worker pods (torchrun --nnodes=min:max)."""
 
-    model_config = {"json_schema_extra": rules(
-        cel(
-            "self.min <= self.max",
-            message_expression="'replicas.min (' + string(self.min) + ') must not be greater than replicas.max ("
-            " + string(self.max) + ')'",
-            field_path=".min",
-        ),
-    )}
+    model_config = {
+        "json_schema_extra": rules(
+            cel(
+                "self.min <= self.max",
+                message_expression="'replicas.min (' + string(self.min) + ') must not be greater than "
+                "replicas.max (' + string(self.max) + ')'",
+                field_path=".min",
+            ),
+        )
+    }
 
-    min: int = Field(ge=1, le=MAX_REPLICAS, description="Fewest workers the job trains with; below it, it waits.")
+    min: int = Field(
+        ge=1, le=MAX_REPLICAS, description="Fewest workers the job trains with; below it, it waits."
+    )
     max: int = Field(
-        ge=1, le=MAX_REPLICAS, description="Most workers the job uses (the scale subresource sets this value)."
+        ge=1,
+        le=MAX_REPLICAS,
+        description="Most workers the job uses (the scale subresource sets this value).",
     )
 
     @model_validator(mode="after")
@@ -188,81 +94,31 @@ class ReplicaRange(ApiModel):
         return self
 
 
-class Toleration(ApiModel):
-    """A Kubernetes toleration (same fields and meaning as in a pod spec)."""
-
-    key: Annotated[str, StringConstraints(max_length=317)] | None = Field(
-        default=None, description="Taint key; empty with operator Exists matches every taint."
-    )
-    operator: TolerationOperator = Field(default=TolerationOperator.EQUAL, description="Exists or Equal.")
-    value: Annotated[str, StringConstraints(max_length=63)] | None = Field(
-        default=None, description="Taint value to match with operator Equal."
-    )
-    effect: TaintEffect | None = Field(default=None, description="Taint effect to match; empty matches all.")
-    toleration_seconds: int | None = Field(
-        default=None, ge=0, description="For NoExecute: how long the pod stays bound after the taint appears."
-    )
-
-
-CapacityTypes = Annotated[list[CapacityType], Field(min_length=1, max_length=2)]
-_CAPACITY_LIST = {"x-kubernetes-list-type": "set"}
-
-
-class RendezvousPlacement(ApiModel):
-    """Where the job's rendezvous store pod (TCPStore + progress endpoint) may run."""
-
-    capacity_types: CapacityTypes = Field(
-        default_factory=lambda: [CapacityType.ON_DEMAND],
-        description="Capacity types the store may run on; on-demand by default so a spot interruption "
-        "never takes the store down.",
-        json_schema_extra={**_CAPACITY_LIST, "default": [CapacityType.ON_DEMAND.value]},
-    )
-    node_selector: LabelMap = Field(default_factory=dict, description="Extra node selector for the store pod.")
-    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
-        default_factory=list, description="Tolerations of the store pod."
-    )
-
-
-class Placement(ApiModel):
-    """Which nodes run the workers and the rendezvous store."""
-
-    capacity_types: CapacityTypes = Field(
-        default_factory=lambda: [CapacityType.SPOT, CapacityType.ON_DEMAND],
-        description="Capacity types workers may run on, in order of preference (spot first is cheapest).",
-        json_schema_extra={**_CAPACITY_LIST, "default": ["spot", "on-demand"]},
-    )
-    node_selector: LabelMap = Field(default_factory=dict, description="Node selector added to every worker pod.")
-    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
-        default_factory=list, description="Tolerations added to every worker pod (e.g. nvidia.com/gpu, spot taints)."
-    )
-    affinity: dict[str, Any] | None = Field(
-        default=None,
-        description="A Kubernetes Affinity for worker pods, passed through unchanged (merged with the "
-        "operator's capacity-type rule).",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
-    rendezvous: RendezvousPlacement = section(RendezvousPlacement, "Placement of the rendezvous store pod.")
-
-
 class DynamicSGDSpec(ApiModel):
     """Dynamic SGD (Lin et al. 2019): after a resize by factor k, ramp the LR multiplier to k over T steps."""
 
     ramp_steps: int = Field(
-        default=1000, ge=1, le=10_000_000, description="Ramp length T in optimizer steps (ETJ_DSGD_RAMP_STEPS)."
+        default=1000,
+        ge=1,
+        le=10_000_000,
+        description="Ramp length T in optimizer steps (ETJ_DSGD_RAMP_STEPS).",
     )
 
 
 class TrainingSpec(ApiModel):
     """Batch sizes, resize policy and length of the training run."""
 
-    model_config = {"json_schema_extra": rules(
-        cel(
-            "self.microBatchSize <= self.globalBatchSize",
-            message_expression="'training.microBatchSize (' + string(self.microBatchSize) + ') must not be "
-            "greater than training.globalBatchSize (' + string(self.globalBatchSize) + ')'",
-            field_path=".microBatchSize",
-        ),
-    )}
+    model_config = {
+        "json_schema_extra": rules(
+            cel(
+                "self.microBatchSize <= self.globalBatchSize",
+                message_expression="'training.microBatchSize (' + string(self.microBatchSize) + ') "
+                "must not be "
+                "greater than training.globalBatchSize (' + string(self.globalBatchSize) + ')'",
+                field_path=".microBatchSize",
+            ),
+        )
+    }
 
     global_batch_size: int = Field(
         ge=1,
@@ -309,8 +165,8 @@ class TrainingSpec(ApiModel):
 class PVCRef(ApiModel):
     """A PersistentVolumeClaim (ReadWriteMany for more than one node) mounted at checkpoint.path."""
 
-    claim_name: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_RE)] = Field(
-        description="Name of the PVC in the job's namespace."
+    claim_name: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_RE)] = (
+        Field(description="Name of the PVC in the job's namespace.")
     )
     sub_path: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
         default=None, description="Directory inside the volume; defaults to the volume root."
@@ -320,25 +176,33 @@ class PVCRef(ApiModel):
 class CheckpointSpec(ApiModel):
     """Where and how often checkpoints are written. The location is immutable once the job exists."""
 
-    model_config = {"json_schema_extra": rules(
-        cel("!(has(self.pvc) && has(self.uri))", "set checkpoint.pvc or checkpoint.uri, not both"),
-        cel(
-            "self.path == oldSelf.path && has(self.pvc) == has(oldSelf.pvc) && has(self.uri) == has(oldSelf.uri)"
-            " && (!has(self.pvc) || self.pvc == oldSelf.pvc) && (!has(self.uri) || self.uri == oldSelf.uri)",
-            "checkpoint.pvc, checkpoint.path and checkpoint.uri are immutable; a new location would lose "
-            "the job's progress",
-        ),
-    )}
+    model_config = {
+        "json_schema_extra": rules(
+            cel("!(has(self.pvc) && has(self.uri))", "set checkpoint.pvc or checkpoint.uri, not both"),
+            cel(
+                "self.path == oldSelf.path"
+                " && has(self.pvc) == has(oldSelf.pvc) && (!has(self.pvc) || self.pvc == oldSelf.pvc)"
+                " && has(self.uri) == has(oldSelf.uri) && (!has(self.uri) || self.uri == oldSelf.uri)",
+                "checkpoint.pvc, checkpoint.path and checkpoint.uri are immutable; a new location would lose "
+                "the job's progress",
+            ),
+        )
+    }
 
     pvc: PVCRef | None = Field(default=None, description="Shared volume holding the checkpoints.")
     path: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^/")] = Field(
         default="/checkpoints",
-        description="Absolute checkpoint directory inside the worker (the PVC's mount point when pvc is set).",
+        description="Absolute checkpoint directory inside the worker (the PVC's mount point when pvc is "
+        "set).",
     )
-    uri: Annotated[str, StringConstraints(max_length=2048, pattern=r"^[a-z][a-z0-9+.-]*://.+")] | None = Field(
-        default=None, description="Object-store location (e.g. s3://bucket/prefix) used instead of path."
+    uri: Annotated[str, StringConstraints(max_length=2048, pattern=r"^[a-z][a-z0-9+.-]*://.+")] | None = (
+        Field(
+            default=None, description="Object-store location (e.g. s3://bucket/prefix) used instead of path."
+        )
     )
-    interval_steps: int = Field(default=500, ge=1, le=10_000_000, description="Checkpoint every N optimizer steps.")
+    interval_steps: int = Field(
+        default=500, ge=1, le=10_000_000, description="Checkpoint every N optimizer steps."
+    )
     keep: int = Field(default=3, ge=1, le=100, description="Number of most recent checkpoints kept.")
     on_interruption: bool = Field(
         default=True,
@@ -385,19 +249,24 @@ class FailurePolicy(ApiModel):
     )
 
 
+# Training processes per worker in CEL (mirrors ElasticTrainingJobSpec.procs_per_worker).
+_PROCS_CEL = "(self.trainer.resources.gpu > 0 ? self.trainer.resources.gpu : 1)"
+
+
 class ElasticTrainingJobSpec(ApiModel):
     """Desired state of an ElasticTrainingJob."""
 
-    model_config = {"json_schema_extra": rules(
-        cel(
-            "self.training.globalBatchSize >= self.replicas.max * "
-            "(self.trainer.resources.gpu > 0 ? self.trainer.resources.gpu : 1)",
-            message_expression="'training.globalBatchSize (' + string(self.training.globalBatchSize) + ') must "
-            "be at least one sample per process at replicas.max (' + string(self.replicas.max * "
-            "(self.trainer.resources.gpu > 0 ? self.trainer.resources.gpu : 1)) + ')'",
-            field_path=".training.globalBatchSize",
-        ),
-    )}
+    model_config = {
+        "json_schema_extra": rules(
+            cel(
+                "self.training.globalBatchSize >= self.replicas.max * " + _PROCS_CEL,
+                message_expression="'training.globalBatchSize (' + string(self.training.globalBatchSize) "
+                "+ ') must be at least one sample per process at replicas.max ('"
+                " + string(self.replicas.max * " + _PROCS_CEL + ") + ')'",
+                field_path=".training.globalBatchSize",
+            ),
+        )
+    }
 
     trainer: TrainerSpec = Field(description="Container that runs the training on every worker.")
     replicas: ReplicaRange = Field(description="Elastic range of worker pods.")
@@ -407,7 +276,8 @@ class ElasticTrainingJobSpec(ApiModel):
     scaling: ScalingSpec = section(ScalingSpec, "Resize timing.")
     failure_policy: FailurePolicy = section(FailurePolicy, "Failure budget.")
     suspend: bool = Field(
-        default=False, description="True stops all workers (after a checkpoint) and keeps the job; false resumes."
+        default=False,
+        description="True stops all workers (after a checkpoint) and keeps the job; false resumes.",
     )
     ttl_seconds_after_finished: int | None = Field(
         default=None,
@@ -458,10 +328,44 @@ class ElasticTrainingJob(ApiModel):
 
 
 __all__ = [
-    "API_VERSION", "CATEGORIES", "DEFAULT_COMMAND", "GROUP", "KIND", "MAX_RESIZE_HISTORY", "PLURAL",
-    "SHORT_NAMES", "SINGULAR", "VERSION", "CapacityType", "CheckpointSpec", "Condition", "ConditionStatus",
-    "ConditionType", "DynamicSGDSpec", "ElasticTrainingJob", "ElasticTrainingJobSpec",
-    "ElasticTrainingJobStatus", "EnvVar", "FailurePolicy", "LastCheckpoint", "PVCRef", "Phase", "Placement",
-    "Progress", "PullPolicy", "RendezvousPlacement", "ReplicaRange", "ResizeEvent", "ResizePolicy",
-    "ScalingSpec", "Toleration", "TrainerSpec", "TrainingSpec", "WorkerResources", "set_condition",
+    "API_VERSION",
+    "CATEGORIES",
+    "DEFAULT_COMMAND",
+    "DEFAULT_GPU_RESOURCE",
+    "GROUP",
+    "KIND",
+    "MAX_RESIZE_HISTORY",
+    "PLURAL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "CapacityType",
+    "CheckpointSpec",
+    "Condition",
+    "ConditionStatus",
+    "ConditionType",
+    "DynamicSGDSpec",
+    "ElasticTrainingJob",
+    "ElasticTrainingJobSpec",
+    "ElasticTrainingJobStatus",
+    "EnvVar",
+    "FailurePolicy",
+    "LastCheckpoint",
+    "PVCRef",
+    "Phase",
+    "Placement",
+    "Progress",
+    "PullPolicy",
+    "RendezvousPlacement",
+    "ReplicaRange",
+    "ResizeEvent",
+    "ResizePolicy",
+    "ScalingSpec",
+    "TaintEffect",
+    "Toleration",
+    "TolerationOperator",
+    "TrainerSpec",
+    "TrainingSpec",
+    "WorkerResources",
+    "set_condition",
 ]

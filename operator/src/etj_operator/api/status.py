@@ -54,18 +54,20 @@ class StatusModel(ApiModel):
 class Condition(StatusModel):
     """A metav1.Condition."""
 
-    type: Annotated[str, Field(min_length=1, max_length=316, pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9_.-]+$")] = Field(
-        description="Condition type in CamelCase, e.g. Ready."
+    type: Annotated[str, Field(min_length=1, max_length=316, pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9_.-]+$")] = (
+        Field(description="Condition type in CamelCase, e.g. Ready.")
     )
     status: ConditionStatus = Field(description="True, False or Unknown.")
     observed_generation: int | None = Field(
         default=None, ge=0, description="metadata.generation the condition was computed from."
     )
     last_transition_time: Time = Field(description="When status last changed.")
-    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")] = (
-        Field(description="Machine-readable CamelCase reason of the last transition.")
+    reason: Annotated[
+        str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    ] = Field(description="Machine-readable CamelCase reason of the last transition.")
+    message: Annotated[str, Field(max_length=32768)] = Field(
+        default="", description="Human-readable details."
     )
-    message: Annotated[str, Field(max_length=32768)] = Field(default="", description="Human-readable details.")
 
 
 class Progress(StatusModel):
@@ -106,14 +108,20 @@ class LastCheckpoint(StatusModel):
 class ElasticTrainingJobStatus(StatusModel):
     """Observed state of an ElasticTrainingJob, written by the operator."""
 
-    phase: Phase | None = Field(default=None, description="Pending, Running, Resizing, Suspended, Succeeded or Failed.")
+    phase: Phase | None = Field(
+        default=None, description="Pending, Running, Resizing, Suspended, Succeeded or Failed."
+    )
     conditions: Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)] = Field(
         default_factory=list,
         description="Latest observations (metav1.Condition); the whole list is rewritten on every update.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    observed_generation: int | None = Field(default=None, ge=0, description="Generation of the spec last acted on.")
-    desired_replicas: int | None = Field(default=None, ge=0, description="Workers the operator currently wants.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="Generation of the spec last acted on."
+    )
+    desired_replicas: int | None = Field(
+        default=None, ge=0, description="Workers the operator currently wants."
+    )
     current_replicas: int | None = Field(default=None, ge=0, description="Worker pods running now.")
     workers: Annotated[str, Field(max_length=32)] | None = Field(
         default=None, description="current/desired workers, for kubectl get."
@@ -122,7 +130,9 @@ class ElasticTrainingJobStatus(StatusModel):
         default=None, description="Label selector of the worker pods (for the scale subresource)."
     )
     world_size: int | None = Field(default=None, ge=0, description="Workers in the current rendezvous round.")
-    per_worker_batch: int | None = Field(default=None, ge=0, description="Samples per worker per optimizer step.")
+    per_worker_batch: int | None = Field(
+        default=None, ge=0, description="Samples per worker per optimizer step."
+    )
     accumulation_steps: int | None = Field(
         default=None, ge=0, description="Gradient accumulation steps per optimizer step on each worker."
     )
@@ -134,7 +144,9 @@ class ElasticTrainingJobStatus(StatusModel):
         default_factory=list, description=f"The last {MAX_RESIZE_HISTORY} resizes, oldest first."
     )
     last_checkpoint: LastCheckpoint | None = Field(default=None, description="Newest complete checkpoint.")
-    failures: int | None = Field(default=None, ge=0, description="Worker failures counted against the budget.")
+    failures: int | None = Field(
+        default=None, ge=0, description="Worker failures counted against the budget."
+    )
     start_time: Time | None = Field(default=None, description="When the first worker started training.")
     completion_time: Time | None = Field(default=None, description="When the job Succeeded or Failed.")
 

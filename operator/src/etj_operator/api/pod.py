@@ -1,0 +1,223 @@
+"""Worker pod pieces of the spec: trainer container, resources, placement on node pools."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints, model_validator
+
+from etj_operator.api._base import ApiModel, Quantity, cel, rules, section
+
+DEFAULT_COMMAND = ["etj-train", "worker"]
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class CapacityType(StrEnum):
+    """Kind of node capacity; the operator maps cloud labels (EKS, Karpenter, GKE, AKS) onto these."""
+
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+class PullPolicy(StrEnum):
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+class TolerationOperator(StrEnum):
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class TaintEffect(StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+Arg = Annotated[str, StringConstraints(max_length=4096)]
+LabelMap = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=317)], Annotated[str, StringConstraints(max_length=63)]],
+    # propertyNames has no CRD equivalent, so the key length is checked with CEL.
+    Field(
+        max_length=32,
+        json_schema_extra=rules(
+            cel("self.all(k, size(k) <= 317)", "node selector label keys must be at most 317 characters")
+        ),
+    ),
+]
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the worker container (same shape as in a pod spec)."""
+
+    model_config = {
+        "json_schema_extra": rules(
+            cel(
+                "!self.name.startsWith('ETJ_')",
+                "env names starting with ETJ_ are reserved for the operator; rename the variable",
+                field_path=".name",
+            ),
+            cel(
+                "!(has(self.value) && has(self.valueFrom))",
+                "an env entry may set value or valueFrom, not both",
+            ),
+        )
+    }
+
+    name: Annotated[
+        str, StringConstraints(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    ] = Field(
+        description="Environment variable name (a C identifier; names starting with ETJ_ are reserved)."
+    )
+    value: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
+        default=None, description="Literal value."
+    )
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef), "
+        "passed to the worker container unchanged.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvVar:
+        if self.name.startswith("ETJ_"):
+            raise ValueError("env names starting with ETJ_ are reserved for the operator")
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("an env entry may set value or valueFrom, not both")
+        return self
+
+
+class WorkerResources(ApiModel):
+    """Per-worker resources; requests and limits are both set to these values (Guaranteed QoS)."""
+
+    gpu: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="GPUs per worker pod (requested as gpuResourceName). Each GPU runs one training process; "
+        "0 runs one process on CPU.",
+    )
+    gpu_resource_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
+        default=DEFAULT_GPU_RESOURCE, description="Extended resource name of the GPU device plugin."
+    )
+    cpu: Quantity | None = Field(default=None, description="CPU per worker pod, e.g. 8 or 7500m.")
+    memory: Quantity | None = Field(default=None, description="Memory per worker pod, e.g. 60Gi.")
+    shm_size: Quantity | None = Field(
+        default=None,
+        description="Size of the memory-backed /dev/shm for data-loader workers; defaults to the operator's "
+        "choice (a fraction of memory).",
+    )
+
+
+class TrainerSpec(ApiModel):
+    """The container every worker runs."""
+
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
+        description="Trainer container image (must contain etj-train unless command is overridden)."
+    )
+    image_pull_policy: PullPolicy = Field(
+        default=PullPolicy.IF_NOT_PRESENT, description="Image pull policy of the worker containers."
+    )
+    command: Annotated[list[Arg], Field(min_length=1, max_length=32)] = Field(
+        default_factory=lambda: list(DEFAULT_COMMAND),
+        description="Entrypoint of the worker container; defaults to etj-train worker.",
+        json_schema_extra={"default": [*DEFAULT_COMMAND]},
+    )
+    args: Annotated[list[Arg], Field(max_length=64)] = Field(
+        default_factory=list,
+        description="Arguments appended to command (e.g. model, dataset, learning rate).",
+    )
+    env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
+        default_factory=list,
+        description="Extra environment for the workers, added after the operator's ETJ_* variables.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    resources: WorkerResources = section(WorkerResources, "Resources of each worker pod.")
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration (same fields and meaning as in a pod spec)."""
+
+    model_config = {
+        "json_schema_extra": rules(
+            cel(
+                "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                "a toleration with operator Exists must not set value",
+                field_path=".value",
+            ),
+            cel(
+                "self.operator == 'Exists' || (has(self.key) && self.key != '')",
+                "a toleration with an empty key must use operator Exists",
+                field_path=".key",
+            ),
+        )
+    }
+
+    key: Annotated[str, StringConstraints(max_length=317)] | None = Field(
+        default=None, description="Taint key; empty with operator Exists matches every taint."
+    )
+    operator: TolerationOperator = Field(default=TolerationOperator.EQUAL, description="Exists or Equal.")
+    value: Annotated[str, StringConstraints(max_length=63)] | None = Field(
+        default=None, description="Taint value to match with operator Equal."
+    )
+    effect: TaintEffect | None = Field(default=None, description="Taint effect to match; empty matches all.")
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, description="For NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Toleration:
+        if self.operator == TolerationOperator.EXISTS and self.value:
+            raise ValueError("a toleration with operator Exists must not set value")
+        if self.operator != TolerationOperator.EXISTS and not self.key:
+            raise ValueError("a toleration with an empty key must use operator Exists")
+        return self
+
+
+CapacityTypes = Annotated[list[CapacityType], Field(min_length=1, max_length=2)]
+_CAPACITY_LIST = {"x-kubernetes-list-type": "set"}
+
+
+class RendezvousPlacement(ApiModel):
+    """Where the job's rendezvous store pod (TCPStore + progress endpoint) may run."""
+
+    capacity_types: CapacityTypes = Field(
+        default_factory=lambda: [CapacityType.ON_DEMAND],
+        description="Capacity types the store may run on; on-demand by default so a spot interruption "
+        "never takes the store down.",
+        json_schema_extra={**_CAPACITY_LIST, "default": [CapacityType.ON_DEMAND.value]},
+    )
+    node_selector: LabelMap = Field(
+        default_factory=dict, description="Extra node selector for the store pod."
+    )
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
+        default_factory=list, description="Tolerations of the store pod."
+    )
+
+
+class Placement(ApiModel):
+    """Which nodes run the workers and the rendezvous store."""
+
+    capacity_types: CapacityTypes = Field(
+        default_factory=lambda: [CapacityType.SPOT, CapacityType.ON_DEMAND],
+        description="Capacity types workers may run on, in order of preference (spot first is cheapest).",
+        json_schema_extra={**_CAPACITY_LIST, "default": ["spot", "on-demand"]},
+    )
+    node_selector: LabelMap = Field(
+        default_factory=dict, description="Node selector added to every worker pod."
+    )
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
+        default_factory=list,
+        description="Tolerations added to every worker pod (e.g. nvidia.com/gpu, spot taints).",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes Affinity for worker pods, passed through unchanged (merged with the "
+        "operator's capacity-type rule).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    rendezvous: RendezvousPlacement = section(RendezvousPlacement, "Placement of the rendezvous store pod.")
