@@ -19,6 +19,7 @@ from etj_operator.api._base import DNS_SUBDOMAIN_RE, ApiModel, cel, rules, secti
 from etj_operator.api.pod import (
     DEFAULT_COMMAND,
     DEFAULT_GPU_RESOURCE,
+    RESERVED_ENV,
     CapacityType,
     EnvVar,
     Placement,
@@ -28,6 +29,8 @@ from etj_operator.api.pod import (
     Toleration,
     TolerationOperator,
     TrainerSpec,
+    Volume,
+    VolumeMount,
     WorkerResources,
 )
 from etj_operator.api.status import (
@@ -336,6 +339,7 @@ __all__ = [
     "KIND",
     "MAX_RESIZE_HISTORY",
     "PLURAL",
+    "RESERVED_ENV",
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",
@@ -366,6 +370,8 @@ __all__ = [
     "TolerationOperator",
     "TrainerSpec",
     "TrainingSpec",
+    "Volume",
+    "VolumeMount",
     "WorkerResources",
     "set_condition",
 ]

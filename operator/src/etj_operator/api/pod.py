@@ -11,6 +11,28 @@ from etj_operator.api._base import ApiModel, Quantity, cel, rules, section
 
 DEFAULT_COMMAND = ["etj-train", "worker"]
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+# Variables the operator sets on every worker (docs/contract.md). Users may not override them; other ETJ_*
+# names (ETJ_DATA, ETJ_MODEL, ETJ_LR, ...) are trainer settings users are expected to pass.
+RESERVED_ENV = (
+    "ETJ_JOB_NAME",
+    "ETJ_NAMESPACE",
+    "ETJ_WORKER_ID",
+    "ETJ_RDZV_ENDPOINT",
+    "ETJ_RDZV_ID",
+    "ETJ_MIN_WORKERS",
+    "ETJ_MAX_WORKERS",
+    "ETJ_NPROC_PER_WORKER",
+    "ETJ_GLOBAL_BATCH_SIZE",
+    "ETJ_MICRO_BATCH_SIZE",
+    "ETJ_RESIZE_POLICY",
+    "ETJ_DSGD_RAMP_STEPS",
+    "ETJ_EPOCHS",
+    "ETJ_SEED",
+    "ETJ_CHECKPOINT_DIR",
+    "ETJ_CHECKPOINT_INTERVAL_STEPS",
+    "ETJ_PROGRESS_URL",
+)
+_RESERVED_CEL = "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]"
 
 
 class CapacityType(StrEnum):
@@ -56,8 +78,9 @@ class EnvVar(ApiModel):
     model_config = {
         "json_schema_extra": rules(
             cel(
-                "!self.name.startsWith('ETJ_')",
-                "env names starting with ETJ_ are reserved for the operator; rename the variable",
+                f"!(self.name in {_RESERVED_CEL})",
+                message_expression="'env ' + self.name + ' is set by the operator from the job spec "
+                "and cannot be overridden; set the matching spec field instead'",
                 field_path=".name",
             ),
             cel(
@@ -70,7 +93,8 @@ class EnvVar(ApiModel):
     name: Annotated[
         str, StringConstraints(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     ] = Field(
-        description="Environment variable name (a C identifier; names starting with ETJ_ are reserved)."
+        description="Environment variable name. The ETJ_* names the operator sets from the spec (batch "
+        "sizes, replicas, rendezvous, checkpoint) are reserved; other ETJ_* trainer settings are allowed."
     )
     value: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
         default=None, description="Literal value."
@@ -84,8 +108,11 @@ class EnvVar(ApiModel):
 
     @model_validator(mode="after")
     def _check(self) -> EnvVar:
-        if self.name.startswith("ETJ_"):
-            raise ValueError("env names starting with ETJ_ are reserved for the operator")
+        if self.name in RESERVED_ENV:
+            raise ValueError(
+                f"env {self.name} is set by the operator from the job spec and cannot be overridden; "
+                "set the matching spec field instead"
+            )
         if self.value is not None and self.value_from is not None:
             raise ValueError("an env entry may set value or valueFrom, not both")
         return self
@@ -113,8 +140,67 @@ class WorkerResources(ApiModel):
     )
 
 
+DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class Volume(ApiModel):
+    """A Kubernetes Volume (a name plus one source: persistentVolumeClaim, csi, ...), passed through."""
+
+    # The volume source is Kubernetes' own large union type; it is kept unvalidated here (the pod
+    # creation validates it) instead of copying the whole VolumeSource schema into the CRD.
+    model_config = {
+        "extra": "allow",
+        "json_schema_extra": {
+            "x-kubernetes-preserve-unknown-fields": True,
+            **rules(
+                cel(
+                    "!self.name.startsWith('etj-')",
+                    "volume names starting with etj- are reserved for the operator's own volumes",
+                    field_path=".name",
+                )
+            ),
+        },
+    }
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS_LABEL_RE)] = Field(
+        description="Volume name (a DNS label) referenced by volumeMounts; names starting with etj- are "
+        "reserved."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Volume:
+        if self.name.startswith("etj-"):
+            raise ValueError("volume names starting with etj- are reserved for the operator's own volumes")
+        return self
+
+
+class VolumeMount(ApiModel):
+    """Where a volume appears in the worker container."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=63)] = Field(
+        description="Name of a volume in trainer.volumes."
+    )
+    mount_path: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^/")] = Field(
+        description="Absolute path inside the container."
+    )
+    sub_path: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
+        default=None, description="Directory inside the volume to mount instead of its root."
+    )
+    read_only: bool = Field(default=False, description="Mount read-only (e.g. a shared dataset).")
+
+
 class TrainerSpec(ApiModel):
     """The container every worker runs."""
+
+    model_config = {
+        "json_schema_extra": rules(
+            cel(
+                "self.volumeMounts.all(m, self.volumes.exists(v, v.name == m.name))",
+                "every trainer.volumeMounts[].name must match the name of an entry in trainer.volumes",
+                field_path=".volumeMounts",
+            )
+        )
+    }
 
     image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
         description="Trainer container image (must contain etj-train unless command is overridden)."
@@ -137,6 +223,27 @@ class TrainerSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: WorkerResources = section(WorkerResources, "Resources of each worker pod.")
+    volumes: Annotated[list[Volume], Field(max_length=16)] = Field(
+        default_factory=list,
+        description="Extra volumes of each worker pod (datasets, caches), Kubernetes Volume objects.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    volume_mounts: Annotated[list[VolumeMount], Field(max_length=16)] = Field(
+        default_factory=list,
+        description="Mounts of trainer.volumes in the worker container.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerSpec:
+        names = {v.name for v in self.volumes}
+        for mount in self.volume_mounts:
+            if mount.name not in names:
+                raise ValueError(
+                    f"trainer.volumeMounts name {mount.name!r} must match the name of an entry in "
+                    "trainer.volumes"
+                )
+        return self
 
 
 class Toleration(ApiModel):
