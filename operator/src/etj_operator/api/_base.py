@@ -6,11 +6,23 @@ Kept apart from ``models.py`` so the spec and status modules stay small and both
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    PlainSerializer,
+    WithJsonSchema,
+)
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 
 # Kubernetes resource.Quantity, without a sign: negative sizes make no sense for a worker.
 QUANTITY_RE = r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$"
@@ -18,6 +30,10 @@ _QUANTITY = re.compile(QUANTITY_RE)
 
 # A DNS-1123 label/subdomain, used for claim names and resource names.
 DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+ABSOLUTE_PATH_RE = r"^/"
+URI_RE = r"^[a-z][a-z0-9+.-]*://.+"
 
 
 def cel(
@@ -111,6 +127,38 @@ def section(cls: type[BaseModel], description: str) -> Any:
     ``kubectl get -o yaml`` shows the effective settings.
     """
     return Field(default_factory=cls, description=description, json_schema_extra={"default": {}})
+
+
+@dataclass(frozen=True)
+class Matches:
+    """``Annotated`` marker: the string must match ``regex``; a failure says ``message``, not the regex.
+
+    An OpenAPI ``pattern`` failure prints only the regex, so the check is emitted as a CEL rule with a
+    message instead, and pydantic enforces it with the same message.
+    """
+
+    regex: str
+    message: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        compiled = re.compile(self.regex)
+
+        def check(value: str) -> str:
+            if not compiled.search(value):
+                raise ValueError(self.message)
+            return value
+
+        return core_schema.no_info_after_validator_function(check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        out = handler(schema)
+        # A CEL raw string (r'...') keeps the regex readable in `kubectl get crd -o yaml`.
+        out.setdefault("x-kubernetes-validations", []).append(
+            cel(f"self.matches(r'{self.regex}')", self.message)
+        )
+        return out
 
 
 def _rfc3339(value: datetime) -> str:

@@ -15,7 +15,16 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints, model_validator
 
-from etj_operator.api._base import DNS_SUBDOMAIN_RE, ApiModel, cel, rules, section
+from etj_operator.api._base import (
+    ABSOLUTE_PATH_RE,
+    DNS_SUBDOMAIN_RE,
+    URI_RE,
+    ApiModel,
+    Matches,
+    cel,
+    rules,
+    section,
+)
 from etj_operator.api.pod import (
     DEFAULT_COMMAND,
     DEFAULT_GPU_RESOURCE,
@@ -168,9 +177,14 @@ class TrainingSpec(ApiModel):
 class PVCRef(ApiModel):
     """A PersistentVolumeClaim (ReadWriteMany for more than one node) mounted at checkpoint.path."""
 
-    claim_name: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_RE)] = (
-        Field(description="Name of the PVC in the job's namespace.")
-    )
+    claim_name: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=253),
+        Matches(
+            DNS_SUBDOMAIN_RE,
+            "checkpoint.pvc.claimName must be a lower-case DNS name (letters, digits, '-', '.')",
+        ),
+    ] = Field(description="Name of the PVC in the job's namespace.")
     sub_path: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
         default=None, description="Directory inside the volume; defaults to the volume root."
     )
@@ -193,15 +207,24 @@ class CheckpointSpec(ApiModel):
     }
 
     pvc: PVCRef | None = Field(default=None, description="Shared volume holding the checkpoints.")
-    path: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^/")] = Field(
+    path: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=1024),
+        Matches(ABSOLUTE_PATH_RE, "checkpoint.path must be an absolute path"),
+    ] = Field(
         default="/checkpoints",
         description="Absolute checkpoint directory inside the worker (the PVC's mount point when pvc is "
         "set).",
     )
-    uri: Annotated[str, StringConstraints(max_length=2048, pattern=r"^[a-z][a-z0-9+.-]*://.+")] | None = (
-        Field(
-            default=None, description="Object-store location (e.g. s3://bucket/prefix) used instead of path."
-        )
+    uri: (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=2048),
+            Matches(URI_RE, "checkpoint.uri must be a URI with a scheme, such as s3://bucket/prefix"),
+        ]
+        | None
+    ) = Field(
+        default=None, description="Object-store location (e.g. s3://bucket/prefix) used instead of path."
     )
     interval_steps: int = Field(
         default=500, ge=1, le=10_000_000, description="Checkpoint every N optimizer steps."

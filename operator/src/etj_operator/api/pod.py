@@ -5,9 +5,19 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
-from etj_operator.api._base import ApiModel, Quantity, cel, rules, section
+from etj_operator.api._base import (
+    ABSOLUTE_PATH_RE,
+    DNS_LABEL_RE,
+    ENV_NAME_RE,
+    ApiModel,
+    Matches,
+    Quantity,
+    cel,
+    rules,
+    section,
+)
 
 DEFAULT_COMMAND = ["etj-train", "worker"]
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -91,7 +101,9 @@ class EnvVar(ApiModel):
     }
 
     name: Annotated[
-        str, StringConstraints(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+        str,
+        StringConstraints(min_length=1, max_length=256),
+        Matches(ENV_NAME_RE, "env names may contain only letters, digits, '_', '-' and '.'"),
     ] = Field(
         description="Environment variable name. The ETJ_* names the operator sets from the spec (batch "
         "sizes, replicas, rendezvous, checkpoint) are reserved; other ETJ_* trainer settings are allowed."
@@ -140,9 +152,6 @@ class WorkerResources(ApiModel):
     )
 
 
-DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-
-
 class Volume(ApiModel):
     """A Kubernetes Volume (a name plus one source: persistentVolumeClaim, csi, ...), passed through."""
 
@@ -162,7 +171,11 @@ class Volume(ApiModel):
         },
     }
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS_LABEL_RE)] = Field(
+    name: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=63),
+        Matches(DNS_LABEL_RE, "volume names must be lower-case DNS labels (letters, digits and '-')"),
+    ] = Field(
         description="Volume name (a DNS label) referenced by volumeMounts; names starting with etj- are "
         "reserved."
     )
@@ -180,9 +193,11 @@ class VolumeMount(ApiModel):
     name: Annotated[str, StringConstraints(min_length=1, max_length=63)] = Field(
         description="Name of a volume in trainer.volumes."
     )
-    mount_path: Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^/")] = Field(
-        description="Absolute path inside the container."
-    )
+    mount_path: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=1024),
+        Matches(ABSOLUTE_PATH_RE, "volumeMounts mountPath must be an absolute path"),
+    ] = Field(description="Absolute path inside the container.")
     sub_path: Annotated[str, StringConstraints(max_length=1024)] | None = Field(
         default=None, description="Directory inside the volume to mount instead of its root."
     )
@@ -236,6 +251,13 @@ class TrainerSpec(ApiModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainerSpec:
+        # The apiserver rejects these duplicates through the list-type=map keys; mirror that here.
+        for label, keys in (
+            ("trainer.env name", [e.name for e in self.env]),
+            ("trainer.volumes name", [v.name for v in self.volumes]),
+            ("trainer.volumeMounts mountPath", [m.mount_path for m in self.volume_mounts]),
+        ):
+            _unique(label, keys)
         names = {v.name for v in self.volumes}
         for mount in self.volume_mounts:
             if mount.name not in names:
@@ -285,7 +307,22 @@ class Toleration(ApiModel):
         return self
 
 
-CapacityTypes = Annotated[list[CapacityType], Field(min_length=1, max_length=2)]
+def _unique(label: str, keys: list[str]) -> None:
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            raise ValueError(f"duplicate {label} {key!r}")
+        seen.add(key)
+
+
+def _unique_capacity(value: list[CapacityType]) -> list[CapacityType]:
+    _unique("capacity type", [str(v) for v in value])
+    return value
+
+
+CapacityTypes = Annotated[
+    list[CapacityType], Field(min_length=1, max_length=2), AfterValidator(_unique_capacity)
+]
 _CAPACITY_LIST = {"x-kubernetes-list-type": "set"}
 
 
