@@ -1,0 +1,82 @@
+"""How a step's samples are split over ranks and micro-batches, and how gradients are weighted.
+
+Fixed global batch: every rank sums its per-sample losses and scales by ``world_size / step_samples``.
+DistributedDataParallel averages gradients over ranks (divides by ``world_size``), so the all-reduced
+gradient is ``sum_i grad(loss_i) / step_samples`` -- exactly the single-process mean-loss gradient on the
+same samples, even when shares are uneven or a rank has none (equal-weight averaging would be biased).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ResizePolicy(StrEnum):
+    FIXED_GLOBAL_BATCH = "FixedGlobalBatch"
+    DYNAMIC_SGD = "DynamicSGD"
+
+
+def split_counts(total: int, parts: int) -> list[int]:
+    """Split ``total`` items over ``parts`` as evenly as possible; the first ``total % parts`` get one more."""
+    if parts <= 0:
+        raise ValueError("parts must be positive")
+    if total < 0:
+        raise ValueError("total must be non-negative")
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def micro_batch_sizes(count: int, micro_batch: int) -> list[int]:
+    """Chunk a rank's share into micro-batches of at most ``micro_batch`` (gradient accumulation)."""
+    if micro_batch <= 0:
+        raise ValueError("micro_batch must be positive")
+    if count == 0:
+        return []
+    n = math.ceil(count / micro_batch)
+    # Even chunks rather than "full chunks + remainder": same accumulation count, better balanced.
+    return split_counts(count, n)
+
+
+def loss_scale(world_size: int, step_samples: int) -> float:
+    """Factor for a rank's *summed* loss so that DDP's mean over ranks gives the global mean gradient."""
+    if step_samples <= 0:
+        raise ValueError("step_samples must be positive")
+    return world_size / step_samples
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What one step looks like at a given world size."""
+
+    global_batch: int
+    per_worker_batch: int  # the largest share (for reporting)
+    accumulation_steps: int  # of the largest share
+    lr_target: float  # LR multiplier the policy asks for at this world size
+
+
+def plan_step(
+    policy: ResizePolicy, global_batch: int, micro_batch: int, world_size: int, min_workers: int
+) -> BatchPlan:
+    """Global batch and LR target for the current world size.
+
+    FixedGlobalBatch keeps ``B`` whatever ``n`` is, so the LR never changes. DynamicSGD keeps the
+    per-worker batch ``b = GLOBAL_BATCH_SIZE // MIN_WORKERS`` and lets ``B = n*b`` follow the world size;
+    the configured LR belongs to ``B = GLOBAL_BATCH_SIZE`` (multiplier 1 at ``n = MIN_WORKERS``), so the
+    target multiplier is ``n*b / GLOBAL_BATCH_SIZE`` (linear scaling) and DynamicSGD ramps towards it.
+    """
+    if policy == ResizePolicy.FIXED_GLOBAL_BATCH:
+        b_global = global_batch
+        lr_target = 1.0
+    else:
+        per_worker = max(1, global_batch // max(1, min_workers))
+        b_global = per_worker * world_size
+        lr_target = b_global / global_batch
+    share = split_counts(b_global, world_size)[0]
+    return BatchPlan(
+        global_batch=b_global,
+        per_worker_batch=share,
+        accumulation_steps=max(1, len(micro_batch_sizes(share, micro_batch))),
+        lr_target=lr_target,
+    )

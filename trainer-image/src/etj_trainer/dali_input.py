@@ -1,0 +1,159 @@
+"""DALI image-classification input, sharded by the elastic sampler through ``fn.external_source``.
+
+Readers' own ``shard_id``/``num_shards`` cannot express "the remaining samples of this epoch, re-split over
+a new world size", so the encoded bytes are fed by ``external_source`` from the index stream the elastic
+sampler assigns to this rank; decoding, resizing and normalisation stay in DALI ("mixed" nvJPEG decoding
+when CUDA is present, DALI's CPU operators with ``device_id=None`` when not).
+
+Two on-disk layouts: a folder tree ``<class>/<file>.jpg`` (class index = sorted folder order) and a
+webdataset-style ``.tar`` (``<key>.jpg`` + ``<key>.cls``), read by offset from an mmap without unpacking.
+"""
+
+from __future__ import annotations
+
+import mmap
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from etj_trainer.data import MEAN, STD
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+@dataclass
+class SampleTable:
+    """Where each sample's encoded bytes live; the row number is the sample id the sampler uses."""
+
+    labels: np.ndarray
+    paths: list[Path] | None = None  # folder layout
+    tar_path: Path | None = None  # packed layout
+    offsets: np.ndarray | None = None
+    sizes: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def list_folder_samples(root: Path) -> SampleTable:
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"{root}: expected one sub-folder per class")
+    paths, labels = [], []
+    for ci, c in enumerate(classes):
+        for f in sorted((root / c).iterdir()):
+            if f.suffix.lower() in IMAGE_SUFFIXES:
+                paths.append(f)
+                labels.append(ci)
+    return SampleTable(labels=np.asarray(labels, dtype=np.int64), paths=paths)
+
+
+def list_tar_samples(path: Path) -> SampleTable:
+    images: dict[str, tuple[int, int]] = {}
+    labels: dict[str, int] = {}
+    with tarfile.open(path, "r:") as tar:
+        for m in tar:
+            if not m.isfile():
+                continue
+            key, _, ext = m.name.rpartition(".")
+            if "." + ext.lower() in IMAGE_SUFFIXES:
+                images[key] = (m.offset_data, m.size)
+            elif ext == "cls":
+                f = tar.extractfile(m)
+                assert f is not None
+                labels[key] = int(f.read().decode().strip())
+    keys = sorted(images)
+    missing = [k for k in keys if k not in labels]
+    if missing:
+        raise ValueError(f"{path}: {len(missing)} images without a .cls label, e.g. {missing[:3]}")
+    return SampleTable(
+        labels=np.asarray([labels[k] for k in keys], dtype=np.int64),
+        tar_path=path,
+        offsets=np.asarray([images[k][0] for k in keys], dtype=np.int64),
+        sizes=np.asarray([images[k][1] for k in keys], dtype=np.int64),
+    )
+
+
+class DaliImageSource:
+    def __init__(
+        self,
+        table: SampleTable,
+        image_size: int,
+        dtype: torch.dtype = torch.float32,
+        threads: int = 2,
+        max_batch: int = 256,
+        use_gpu: bool | None = None,
+    ) -> None:
+        self.table = table
+        self.num_samples = len(table)
+        self.image_size = image_size
+        self.sample_shape = (3, image_size, image_size)
+        self.dtype = dtype
+        self.threads = threads
+        self.max_batch = max_batch
+        self.use_gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
+        self._mm: mmap.mmap | None = None
+        if table.tar_path is not None:
+            with open(table.tar_path, "rb") as f:
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def _encoded(self, i: int) -> np.ndarray:
+        if self._mm is not None:
+            assert self.table.offsets is not None and self.table.sizes is not None
+            off, size = int(self.table.offsets[i]), int(self.table.sizes[i])
+            return np.frombuffer(self._mm[off : off + size], dtype=np.uint8)
+        assert self.table.paths is not None
+        return np.fromfile(self.table.paths[i], dtype=np.uint8)
+
+    def _feed(self, index_stream: Iterator[np.ndarray]) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
+        for idx in index_stream:
+            if len(idx) > self.max_batch:
+                raise ValueError(f"micro-batch of {len(idx)} exceeds the pipeline's max batch {self.max_batch}")
+            yield (
+                [self._encoded(int(i)) for i in idx],
+                [np.asarray([self.table.labels[int(i)]], dtype=np.int64) for i in idx],
+            )
+
+    def build_pipeline(self, index_stream: Iterator[np.ndarray]) -> object:
+        from nvidia.dali import fn, pipeline_def, types
+
+        device_id = torch.cuda.current_device() if self.use_gpu else None
+        size = self.image_size
+
+        @pipeline_def(batch_size=self.max_batch, num_threads=self.threads, device_id=device_id,
+                      prefetch_queue_depth=2, exec_dynamic=True)
+        def pipe() -> tuple[object, object]:
+            jpegs, labels = fn.external_source(
+                source=self._feed(index_stream), num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64]
+            )
+            images = fn.decoders.image(jpegs, device="mixed" if self.use_gpu else "cpu", output_type=types.RGB)
+            images = fn.resize(images, resize_x=size, resize_y=size)
+            images = fn.crop_mirror_normalize(
+                images, dtype=types.FLOAT, output_layout="CHW", mean=[MEAN * 255] * 3, std=[STD * 255] * 3
+            )
+            return images, labels
+
+        p = pipe()
+        p.build()
+        return p
+
+    def batches(self, index_stream: Iterator[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        p = self.build_pipeline(index_stream)
+        it = DALIGenericIterator([p], ["images", "labels"], auto_reset=False)
+        try:
+            for out in it:
+                d = out[0]
+                yield d["images"].to(self.dtype), d["labels"].reshape(-1)
+        finally:
+            del it, p
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None

@@ -1,0 +1,79 @@
+"""Progress channel of docs/contract.md: rank 0 POSTs JSON to ``ETJ_PROGRESS_URL``.
+
+Posting happens on a background thread with latest-value-wins semantics so a slow or absent progress
+server never stalls a training step; ``report(force=True)`` (resizes, the end) bypasses the ~1/s limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.request
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def post_json(url: str, payload: dict[str, Any], timeout: float = 2.0) -> None:
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        resp.read()
+
+
+def get_json(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            data = json.loads(resp.read() or b"null")
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class ProgressReporter:
+    def __init__(self, url: str, min_interval_s: float = 1.0) -> None:
+        self.url = url
+        self.min_interval_s = min_interval_s
+        self._last_sent = 0.0
+        self._pending: dict[str, Any] | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if url:
+            self._thread = threading.Thread(target=self._loop, name="etj-progress", daemon=True)
+            self._thread.start()
+
+    def report(self, payload: dict[str, Any], force: bool = False) -> None:
+        if not self.url:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_sent < self.min_interval_s:
+            return
+        self._last_sent = now
+        with self._cond:
+            self._pending = dict(payload)
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                payload, self._pending = self._pending, None
+                if payload is None:
+                    return
+            try:
+                post_json(self.url, payload)
+            except OSError as e:  # the channel is best effort; training must go on without it
+                log.debug("progress POST to %s failed: %s", self.url, e)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush the last pending report and stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,41 @@
+"""Per-rank log of the sample ids each step trained on, and the exactly-once checker for it.
+
+A step can be logged twice when a process dies after the step but before its checkpoint and the step is
+redone after restore; every line carries the incarnation (a world-wide id broadcast by rank 0 at start-up),
+and for each step the checker keeps only the entries of the latest incarnation that ran it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+class SampleLog:
+    def __init__(self, directory: Path, rank: int, incarnation: float) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.incarnation = incarnation
+        self.rank = rank
+        self._f = open(directory / f"samples-{incarnation:.6f}-rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
+
+    def write(self, epoch: int, step: int, world: int, ids: np.ndarray) -> None:
+        self._f.write(json.dumps({"inc": self.incarnation, "epoch": epoch, "step": step, "rank": self.rank,
+                                  "world": world, "ids": [int(i) for i in ids]}) + "\n")
+
+
+def consumed_per_epoch(directory: Path) -> dict[int, list[int]]:
+    """Sample ids per epoch, counting each step once (its latest incarnation, all of that run's ranks)."""
+    by_step: dict[int, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for f in sorted(directory.glob("samples-*.jsonl")):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                by_step[rec["step"]][rec["inc"]].append(rec)
+    out: dict[int, list[int]] = defaultdict(list)
+    for runs in by_step.values():
+        for rec in runs[max(runs)]:
+            out[rec["epoch"]].extend(rec["ids"])
+    return dict(out)

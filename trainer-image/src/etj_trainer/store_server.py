@@ -1,0 +1,95 @@
+"""``etj-train store``: the job's rendezvous pod.
+
+Hosts the TCPStore that torch elastic's c10d rendezvous uses (outside every worker, so losing any worker,
+rank 0 included, never loses the rendezvous state) and a tiny HTTP server for the progress channel:
+``POST /progress`` stores the JSON body, ``GET /progress`` returns the last one, ``GET /healthz`` is a
+liveness probe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from torch.distributed import TCPStore
+
+log = logging.getLogger(__name__)
+
+
+class ProgressState:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._doc: dict[str, Any] = {}
+
+    def put(self, doc: dict[str, Any]) -> None:
+        with self._lock:
+            self._doc = doc
+
+    def get(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._doc)
+
+
+def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/progress":
+                self._send(200, json.dumps(state.get()).encode())
+            elif self.path == "/healthz":
+                self._send(200, b"ok", "text/plain")
+            else:
+                self._send(404, b"{}")
+
+        def do_POST(self) -> None:
+            if self.path != "/progress":
+                self._send(404, b"{}")
+                return
+            length = int(self.headers.get("Content-Length", "0"))
+            try:
+                doc = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                self._send(400, b'{"error": "invalid JSON"}')
+                return
+            if not isinstance(doc, dict):
+                self._send(400, b'{"error": "expected a JSON object"}')
+                return
+            state.put(doc)
+            self._send(204, b"")
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+            log.debug("http: " + format, *args)
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401) -> None:
+    """Run the store and the progress server until SIGTERM/SIGINT."""
+    # wait_for_workers=False: the store must come up before any agent exists and outlive them all.
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False, use_libuv=True)
+    state = ProgressState()
+    httpd = make_http_server(host, http_port, state)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    t = threading.Thread(target=httpd.serve_forever, name="etj-progress-http", daemon=True)
+    t.start()
+    print(f"etj-train store: TCPStore on {host}:{port}, progress on http://{host}:{http_port}/progress",
+          flush=True)
+    stop.wait()
+    httpd.shutdown()
+    del store

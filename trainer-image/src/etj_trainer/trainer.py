@@ -1,0 +1,261 @@
+"""The training loop (one process per rank, started by torch elastic or directly).
+
+Per step: the elastic sampler gives the step's global indices; this rank takes its share, runs it in
+micro-batches (gradient accumulation under ``no_sync``), scales its summed loss so DDP's average is the
+global mean gradient (see batching.py), steps the optimizer, and then one small all-reduce carries the loss
+and a "stop" flag. The flag is how a SIGTERM on any rank becomes a clean stop of *every* rank at the same
+step boundary: the state is checkpointed (shared copy: just in time; local copy: every step), the rank
+that got the signal exits 0 and the others exit ``EXIT_RESIZE`` so their agents re-rendezvous at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from etj_trainer.batching import ResizePolicy, micro_batch_sizes, plan_step
+from etj_trainer.checkpoint import CheckpointStore
+from etj_trainer.config import TrainConfig
+from etj_trainer.data import BatchSource, open_source
+from etj_trainer.dynamic_sgd import DynamicSGD
+from etj_trainer.models import build_model
+from etj_trainer.progress import ProgressReporter, get_json
+from etj_trainer.sample_log import SampleLog
+from etj_trainer.sampler import ElasticSampler
+from etj_trainer.state_sync import agree_on_checkpoint, capture_rng, restore_rng
+
+log = logging.getLogger(__name__)
+
+EXIT_RESIZE = 75  # EX_TEMPFAIL: "stopped for a membership change, restart me"
+
+
+@dataclass
+class TrainResult:
+    step: int
+    epoch: int
+    stopped_early: bool  # stopped by a SIGTERM somewhere in the world
+    accuracy: float | None
+    loss: float
+    world_size: int
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class StopFlag:
+    """Set by SIGTERM; acted on at the next step boundary (never mid-step)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        def handler(signum: int, _frame: object) -> None:
+            self.requested = True
+
+        signal.signal(signal.SIGTERM, handler)
+
+
+def micro_batch_stream(sampler: ElasticSampler, global_batch: int, micro: int, world: int, rank: int,
+                       epochs: int, max_steps: int, step: int) -> Iterator[np.ndarray]:
+    """The exact sequence of non-empty micro-batches this rank will train on (for prefetching loaders)."""
+    sim = ElasticSampler(sampler.dataset_size, sampler.seed, sampler.shuffle)
+    sim.load_state_dict(sampler.state_dict())
+    while sim.epoch < epochs and (max_steps <= 0 or step < max_steps):
+        gidx = sim.next_global_batch(global_batch)
+        mine = ElasticSampler.rank_slice(gidx, world, rank)
+        start = 0
+        for n in micro_batch_sizes(len(mine), micro):
+            yield mine[start : start + n]
+            start += n
+        sim.commit(len(gidx))
+        step += 1
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "float64": torch.float64}[name]
+
+
+def evaluate(model: nn.Module, source: BatchSource, micro: int, device: torch.device) -> float:
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        stream = (np.arange(i, min(i + micro, source.num_samples)) for i in range(0, source.num_samples, micro))
+        for x, y in source.batches(stream):
+            correct += int((model(x.to(device)).argmax(1) == y.to(device)).sum())
+    model.train()
+    return correct / source.num_samples
+
+
+def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
+    """Run (or resume) training in the current process group; see the module docstring."""
+    dist_on = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank() if dist_on else 0
+    world = dist.get_world_size() if dist_on else 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
+    stop = stop or StopFlag()
+    dtype = _dtype(cfg.dtype)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before any restore
+
+    train_src = open_source(cfg.data, "train", cfg.image_size, dtype, cfg.dali_threads)
+    model = build_model(cfg.model, cfg.num_classes).to(device=device, dtype=dtype)
+    if cfg.sync_batchnorm and dist_on:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    opt = DynamicSGD(model.parameters(), lr=cfg.lr, ramp_steps=cfg.dsgd_ramp_steps,
+                     momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    sampler = ElasticSampler(train_src.num_samples, cfg.seed)
+    ckpts = CheckpointStore(cfg.checkpoint_dir, cfg.local_checkpoint_dir)
+
+    state, _src = agree_on_checkpoint(ckpts, rank, world)
+    step, meta = 0, {"resizes": [], "samples_seen": 0}
+    prev_world: int | None = None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sampler.load_state_dict(state["sampler"])
+        restore_rng(state["rng"])
+        step, meta = int(state["step"]), dict(state["meta"])
+        prev_world = int(meta["world_size"])
+    restored_step = step
+    ddp: nn.Module = model
+    if dist_on:
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+
+    policy = ResizePolicy(cfg.resize_policy)
+    plan = plan_step(policy, cfg.global_batch_size, cfg.micro_batch_size, world, cfg.min_workers)
+    if policy == ResizePolicy.DYNAMIC_SGD:
+        opt.set_target(plan.lr_target)  # ramps from the multiplier in force (restored) to this world's
+    reporter = ProgressReporter(cfg.progress_url if rank == 0 else "")
+    # The incarnation id lets the sample-log checker prefer the last run of a step that was redone.
+    inc = [time.time()]
+    if dist_on:
+        dist.broadcast_object_list(inc, src=0)
+    samples_log = SampleLog(cfg.sample_log_dir, rank, inc[0]) if cfg.sample_log_dir else None
+    last_reported_step = None
+    if rank == 0 and prev_world is not None and cfg.progress_url:
+        last_reported_step = (get_json(cfg.progress_url) or {}).get("step")
+
+    loader = train_src.batches(micro_batch_stream(
+        sampler, plan.global_batch, cfg.micro_batch_size, world, rank, cfg.epochs, cfg.max_steps, step))
+    stopped_early, loss_val, resize_pending = False, float("nan"), prev_world is not None and prev_world != world
+    t_last = time.monotonic()
+    rate = 0.0
+    ddp.train()
+    while sampler.epoch < cfg.epochs and (cfg.max_steps <= 0 or step < cfg.max_steps):
+        gidx = sampler.next_global_batch(plan.global_batch)
+        mine = ElasticSampler.rank_slice(gidx, world, rank)
+        sizes = micro_batch_sizes(len(mine), cfg.micro_batch_size)
+        scale = world / len(gidx)
+        opt.zero_grad(set_to_none=False)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        # A rank with no samples this step (tail of an epoch) still joins DDP's one all-reduce with an
+        # empty batch, contributing zero gradient.
+        chunks = sizes or [0]
+        for i, n in enumerate(chunks):
+            if n == 0:
+                x = torch.empty((0, *train_src.sample_shape), dtype=dtype)
+                y = torch.empty((0,), dtype=torch.int64)
+            else:
+                x, y = next(loader)
+                assert len(y) == n, "loader out of step with the sampler"
+            sync = contextlib.nullcontext() if (i == len(chunks) - 1 or not dist_on) else ddp.no_sync()  # type: ignore[operator]
+            with sync:
+                loss = F.cross_entropy(ddp(x.to(device)), y.to(device), reduction="sum")
+                (loss * scale).backward()
+            loss_sum += loss.detach().double().cpu()
+        opt.step()
+        stats = torch.stack([loss_sum, torch.tensor(float(stop.requested), dtype=torch.float64)])
+        if dist_on:
+            dist.all_reduce(stats)
+        sampler.commit(len(gidx))
+        step += 1
+        meta["samples_seen"] = int(meta["samples_seen"]) + len(gidx)
+        loss_val = float(stats[0]) / len(gidx)
+        if samples_log:
+            samples_log.write(sampler_epoch_of(sampler, len(gidx)), step, world, mine)
+        now = time.monotonic()
+        rate = 0.8 * rate + 0.2 * (len(gidx) / max(now - t_last, 1e-9)) if rate else len(gidx) / max(now - t_last, 1e-9)
+        t_last = now
+        if resize_pending:
+            resize_pending = False
+            lost = max(0, int(last_reported_step) - restored_step) if isinstance(last_reported_step, int) else 0
+            meta["resizes"] = [*meta["resizes"], {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from": prev_world, "to": world,
+                "reason": "scale-up" if world > (prev_world or 0) else "scale-down",
+                "pauseSeconds": round(time.time() - float(meta.get("last_step_time", time.time())), 3),
+                "stepsLost": lost,
+            }]
+            print(f"etj: resize {prev_world}->{world} done at step {step}", flush=True)
+        meta["last_step_time"] = time.time()
+        stop_now = bool(stats[1] > 0)
+        shared_due = cfg.checkpoint_interval_steps > 0 and step % cfg.checkpoint_interval_steps == 0
+        _save(ckpts, model, opt, sampler, step, meta, world, rank, local_rank, shared=shared_due or stop_now)
+        if shared_due or stop_now:
+            meta["last_checkpoint"] = {"step": step, "path": str(cfg.checkpoint_dir), "time": time.time()}
+        if rank == 0:
+            reporter.report(_progress(sampler, step, meta, rate, loss_val, world, plan, opt),
+                            force=stop_now or len(meta["resizes"]) > 0 and step == restored_step + 1)
+        if stop_now:
+            stopped_early = True
+            break
+
+    done = not stopped_early
+    accuracy = None
+    if done:
+        _save(ckpts, model, opt, sampler, step, meta, world, rank, local_rank, shared=True)
+        if cfg.val_data and rank == 0:
+            val_src = open_source(cfg.val_data, "val", cfg.image_size, dtype, cfg.dali_threads)
+            accuracy = evaluate(model, val_src, cfg.micro_batch_size, device)
+            val_src.close()
+        if rank == 0:
+            payload = _progress(sampler, step, meta, rate, loss_val, world, plan, opt)
+            payload.update(finished=True, accuracy=accuracy)
+            reporter.report(payload, force=True)
+            print("ETJ_RESULT " + json.dumps({"step": step, "loss": loss_val, "accuracy": accuracy,
+                                              "worldSize": world}), flush=True)
+    reporter.close()
+    del loader
+    train_src.close()
+    if dist_on:
+        dist.barrier()
+    return TrainResult(step=step, epoch=sampler.epoch, stopped_early=stopped_early, accuracy=accuracy,
+                       loss=loss_val, world_size=world,
+                       params={k: v.detach().clone() for k, v in model.state_dict().items()})
+
+
+def sampler_epoch_of(sampler: ElasticSampler, just_committed: int) -> int:
+    """Epoch of the step just committed (the sampler may already have rolled over)."""
+    return sampler.epoch - 1 if sampler.state.consumed == 0 and just_committed > 0 else sampler.epoch
+
+
+def _save(ckpts: CheckpointStore, model: nn.Module, opt: DynamicSGD, sampler: ElasticSampler, step: int,
+          meta: dict[str, Any], world: int, rank: int, local_rank: int, shared: bool) -> None:
+    # Every rank holds the same state after a step; rank 0 writes the shared copy, each node's local rank 0
+    # its node-local copy (which is what survivors restore from).
+    if local_rank != 0 and rank != 0:
+        return
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.state_dict(),
+             "step": step, "rng": capture_rng(), "meta": {**meta, "world_size": world}}
+    ckpts.save(state, step, shared=shared and rank == 0, local=local_rank == 0)
+
+
+def _progress(sampler: ElasticSampler, step: int, meta: dict[str, Any], rate: float, loss: float, world: int,
+              plan: Any, opt: DynamicSGD) -> dict[str, Any]:
+    return {"epoch": sampler.epoch, "step": step, "samplesSeen": meta["samples_seen"],
+            "samplesPerSecond": round(rate, 2), "loss": loss, "worldSize": world,
+            "perWorkerBatch": plan.per_worker_batch, "accumulationSteps": plan.accumulation_steps,
+            "lrMultiplier": opt.lr_multiplier, "lastCheckpoint": meta.get("last_checkpoint"),
+            "resizes": meta["resizes"], "finished": False}
