@@ -1,0 +1,442 @@
+"""Bad ElasticTrainingJob manifests shared by the pydantic tests and the real-apiserver tests.
+
+Every case mutates a valid job and names what a user must see in the rejection: the field path and a phrase
+saying why. The same table runs against pydantic (the operator's parser) and the apiserver (OpenAPI + CEL).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+Manifest = dict[str, Any]
+
+
+def valid_job(name: str = "good") -> Manifest:
+    """A small valid job (the shape of examples/demo-cpu.yaml) that every case starts from."""
+    return {
+        "apiVersion": "etj.dev/v1alpha1",
+        "kind": "ElasticTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "trainer": {
+                "image": "ghcr.io/etj-dev/etj-trainer:0.1.0",
+                "env": [{"name": "ETJ_DATA", "value": "digits"}],
+                "resources": {"gpu": 1, "cpu": "500m", "memory": "1Gi"},
+            },
+            "replicas": {"min": 1, "max": 4},
+            "training": {"globalBatchSize": 64, "microBatchSize": 16},
+        },
+    }
+
+
+def _set(path: str, value: Any) -> Callable[[Manifest], None]:
+    """Mutation setting a dotted path (list indices as numbers) under the manifest."""
+
+    def apply(doc: Manifest) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        if last.isdigit():
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return apply
+
+
+def _delete(path: str) -> Callable[[Manifest], None]:
+    def apply(doc: Manifest) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc
+        for part in parents:
+            node = node[part]
+        del node[last]
+
+    return apply
+
+
+def _both(*fns: Callable[[Manifest], None]) -> Callable[[Manifest], None]:
+    def apply(doc: Manifest) -> None:
+        for fn in fns:
+            fn(doc)
+
+    return apply
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad manifest: ``mutate`` breaks ``valid_job``; the rejection must contain ``field`` and ``why``."""
+
+    id: str
+    mutate: Callable[[Manifest], None]
+    field: str  # as the apiserver prints it (spec.replicas.min, spec.trainer.env[0].name, ...)
+    why: str  # a phrase of the apiserver's message (case-insensitive)
+    pydantic_why: str = ""  # phrase of pydantic's message when it differs ("" = same as why)
+    apiserver_only: bool = False  # checks pydantic cannot make on one object (metadata-level)
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def manifest(self, name: str = "bad") -> Manifest:
+        doc = copy.deepcopy(valid_job(name))
+        self.mutate(doc)
+        return doc
+
+
+_ENV = "spec.trainer.env"
+CASES: list[Case] = [
+    # replicas
+    Case("min-zero", _set("spec.replicas.min", 0), "spec.replicas.min", "greater than or equal to 1"),
+    Case("min-negative", _set("spec.replicas.min", -2), "spec.replicas.min", "greater than or equal to 1"),
+    Case(
+        "min-greater-than-max",
+        _set("spec.replicas", {"min": 5, "max": 2}),
+        "spec.replicas.min",
+        "replicas.min (5) must not be greater than replicas.max (2)",
+    ),
+    Case(
+        "max-wrong-type",
+        _set("spec.replicas.max", "four"),
+        "spec.replicas.max",
+        "must be of type integer",
+        pydantic_why="valid integer",
+    ),
+    Case("max-too-large", _set("spec.replicas.max", 5000), "spec.replicas.max", "less than or equal to 1024"),
+    Case(
+        "replicas-missing",
+        _delete("spec.replicas"),
+        "spec.replicas",
+        "Required value",
+        pydantic_why="Field required",
+    ),
+    # trainer
+    Case(
+        "image-missing",
+        _delete("spec.trainer.image"),
+        "spec.trainer.image",
+        "Required value",
+        pydantic_why="Field required",
+    ),
+    Case(
+        "image-empty",
+        _set("spec.trainer.image", ""),
+        "spec.trainer.image",
+        "at least 1 chars",
+        pydantic_why="at least 1 character",
+    ),
+    Case(
+        "image-too-long",
+        _set("spec.trainer.image", "r/" + "x" * 600),
+        "spec.trainer.image",
+        "may not be more than 512",
+        pydantic_why="at most 512 characters",
+    ),
+    Case(
+        "pull-policy-enum",
+        _set("spec.trainer.imagePullPolicy", "Sometimes"),
+        "spec.trainer.imagePullPolicy",
+        'Unsupported value: "Sometimes"',
+        pydantic_why="Input should be 'Always'",
+    ),
+    Case(
+        "command-empty",
+        _set("spec.trainer.command", []),
+        "spec.trainer.command",
+        "at least 1 items",
+        pydantic_why="at least 1 item",
+    ),
+    Case(
+        "args-too-many",
+        _set("spec.trainer.args", ["--x"] * 65),
+        "spec.trainer.args",
+        "at most 64 items",
+        pydantic_why="at most 64 items",
+    ),
+    Case(
+        "env-reserved",
+        _set(f"{_ENV}.0", {"name": "ETJ_GLOBAL_BATCH_SIZE", "value": "8"}),
+        f"{_ENV}[0].name",
+        "ETJ_GLOBAL_BATCH_SIZE is set by the operator",
+    ),
+    Case(
+        "env-value-and-valuefrom",
+        _set(f"{_ENV}.0", {"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}),
+        f"{_ENV}[0]",
+        "value or valueFrom, not both",
+    ),
+    Case(
+        "env-bad-name",
+        _set(f"{_ENV}.0", {"name": "has space", "value": "1"}),
+        f"{_ENV}[0].name",
+        "env names may contain only",
+    ),
+    Case(
+        "env-duplicate",
+        _set(_ENV, [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
+        f"{_ENV}[1]",
+        "Duplicate value",
+        pydantic_why="duplicate trainer.env name",
+    ),
+    Case(
+        "env-too-many",
+        _set(_ENV, [{"name": f"V{i}", "value": "1"} for i in range(65)]),
+        _ENV,
+        "at most 64 items",
+        pydantic_why="at most 64 items",
+    ),
+    Case(
+        "gpu-negative",
+        _set("spec.trainer.resources.gpu", -1),
+        "spec.trainer.resources.gpu",
+        "greater than or equal to 0",
+    ),
+    Case(
+        "cpu-not-quantity",
+        _set("spec.trainer.resources.cpu", "lots"),
+        "spec.trainer.resources.cpu",
+        "must be a Kubernetes quantity",
+        pydantic_why="is not a Kubernetes quantity",
+    ),
+    Case(
+        "memory-negative",
+        _set("spec.trainer.resources.memory", -1),
+        "spec.trainer.resources.memory",
+        "must be a Kubernetes quantity",
+        pydantic_why="must not be negative",
+    ),
+    Case(
+        "mount-without-volume",
+        _set("spec.trainer.volumeMounts", [{"name": "data", "mountPath": "/data"}]),
+        "spec.trainer.volumeMounts",
+        "must match the name of an entry in trainer.volumes",
+    ),
+    Case(
+        "volume-reserved-name",
+        _set("spec.trainer.volumes", [{"name": "etj-data", "emptyDir": {}}]),
+        "spec.trainer.volumes[0].name",
+        "reserved for the operator",
+    ),
+    # training
+    Case(
+        "global-batch-zero",
+        _set("spec.training.globalBatchSize", 0),
+        "spec.training.globalBatchSize",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "global-batch-negative",
+        _set("spec.training.globalBatchSize", -64),
+        "spec.training.globalBatchSize",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "micro-batch-zero",
+        _set("spec.training.microBatchSize", 0),
+        "spec.training.microBatchSize",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "micro-batch-float",
+        _set("spec.training.microBatchSize", 1.5),
+        "spec.training.microBatchSize",
+        "must be of type integer",
+        pydantic_why="valid integer",
+    ),
+    Case(
+        "micro-above-global",
+        _set("spec.training", {"globalBatchSize": 32, "microBatchSize": 64}),
+        "spec.training.microBatchSize",
+        "must not be greater than training.globalBatchSize",
+    ),
+    Case(
+        "global-below-processes",
+        _set("spec.training", {"globalBatchSize": 3, "microBatchSize": 1}),
+        "spec.training.globalBatchSize",
+        "at least one sample per process at replicas.max (4)",
+    ),
+    Case(
+        "resize-policy-enum",
+        _set("spec.training.resizePolicy", "Adaptive"),
+        "spec.training.resizePolicy",
+        'Unsupported value: "Adaptive"',
+        pydantic_why="Input should be 'FixedGlobalBatch'",
+    ),
+    Case(
+        "ramp-zero",
+        _set("spec.training.dynamicSGD", {"rampSteps": 0}),
+        "spec.training.dynamicSGD.rampSteps",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "epochs-zero", _set("spec.training.epochs", 0), "spec.training.epochs", "greater than or equal to 1"
+    ),
+    # placement
+    Case(
+        "capacity-enum",
+        _set("spec.placement.capacityTypes", ["preemptible"]),
+        "spec.placement.capacityTypes[0]",
+        'Unsupported value: "preemptible"',
+        pydantic_why="Input should be 'spot' or 'on-demand'",
+    ),
+    Case(
+        "capacity-empty",
+        _set("spec.placement.capacityTypes", []),
+        "spec.placement.capacityTypes",
+        "at least 1 items",
+        pydantic_why="at least 1 item",
+    ),
+    Case(
+        "capacity-duplicate",
+        _set("spec.placement.rendezvous", {"capacityTypes": ["spot", "spot"]}),
+        "spec.placement.rendezvous.capacityTypes[1]",
+        "Duplicate value",
+        pydantic_why="duplicate capacity type",
+    ),
+    Case(
+        "node-selector-too-big",
+        _set("spec.placement.nodeSelector", {f"k{i}": "v" for i in range(33)}),
+        "spec.placement.nodeSelector",
+        "must have at most 32 items",
+        pydantic_why="at most 32 items",
+    ),
+    Case(
+        "tolerations-too-many",
+        _set("spec.placement.tolerations", [{"operator": "Exists"}] * 33),
+        "spec.placement.tolerations",
+        "at most 32 items",
+        pydantic_why="at most 32 items",
+    ),
+    Case(
+        "toleration-exists-with-value",
+        _set("spec.placement.tolerations", [{"key": "k", "operator": "Exists", "value": "v"}]),
+        "spec.placement.tolerations[0].value",
+        "operator Exists must not set value",
+    ),
+    Case(
+        "toleration-effect-enum",
+        _set("spec.placement.tolerations", [{"key": "k", "value": "v", "effect": "Never"}]),
+        "spec.placement.tolerations[0].effect",
+        'Unsupported value: "Never"',
+        pydantic_why="Input should be",
+    ),
+    # checkpoint, scaling, failure budget, lifecycle
+    Case(
+        "checkpoint-pvc-and-uri",
+        _set("spec.checkpoint", {"pvc": {"claimName": "ckpt"}, "uri": "s3://bucket/job"}),
+        "spec.checkpoint",
+        "set checkpoint.pvc or checkpoint.uri, not both",
+    ),
+    Case(
+        "checkpoint-relative-path",
+        _set("spec.checkpoint", {"path": "ckpt"}),
+        "spec.checkpoint.path",
+        "checkpoint.path must be an absolute path",
+    ),
+    Case(
+        "checkpoint-uri-no-scheme",
+        _set("spec.checkpoint", {"uri": "bucket/job"}),
+        "spec.checkpoint.uri",
+        "must be a URI with a scheme",
+    ),
+    Case(
+        "checkpoint-bad-claim",
+        _set("spec.checkpoint", {"pvc": {"claimName": "Bad_Name"}}),
+        "spec.checkpoint.pvc.claimName",
+        "must be a lower-case DNS name",
+    ),
+    Case(
+        "checkpoint-interval-zero",
+        _set("spec.checkpoint", {"intervalSteps": 0}),
+        "spec.checkpoint.intervalSteps",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "cooldown-negative",
+        _set("spec.scaling", {"cooldownSeconds": -1}),
+        "spec.scaling.cooldownSeconds",
+        "greater than or equal to 0",
+    ),
+    Case(
+        "max-failures-wrong-type",
+        _set("spec.failurePolicy", {"maxFailures": "many"}),
+        "spec.failurePolicy.maxFailures",
+        "must be of type integer",
+        pydantic_why="valid integer",
+    ),
+    Case(
+        "suspend-wrong-type",
+        _set("spec.suspend", "yes please"),
+        "spec.suspend",
+        "must be of type boolean",
+        pydantic_why="valid boolean",
+    ),
+    Case(
+        "ttl-negative",
+        _set("spec.ttlSecondsAfterFinished", -5),
+        "spec.ttlSecondsAfterFinished",
+        "greater than or equal to 0",
+    ),
+    Case(
+        "unknown-field",
+        _both(_set("spec.replica", {"min": 1})),
+        "spec.replica",
+        "unknown field",
+        pydantic_why="Extra inputs are not permitted",
+    ),
+    Case(
+        "name-too-long",
+        _set("metadata.name", "n" * 60),
+        "metadata.name",
+        "at most 48 characters",
+        apiserver_only=True,
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Update:
+    """A change to an existing job; ``rejected`` ones must fail naming ``field``/``why``."""
+
+    id: str
+    mutate: Callable[[Manifest], None]
+    rejected: bool
+    field: str = ""
+    why: str = ""
+
+
+UPDATES: list[Update] = [
+    Update(
+        "global-batch-immutable",
+        _set("spec.training.globalBatchSize", 128),
+        True,
+        "spec.training.globalBatchSize",
+        "training.globalBatchSize is immutable",
+    ),
+    Update(
+        "resize-policy-immutable",
+        _set("spec.training.resizePolicy", "DynamicSGD"),
+        True,
+        "spec.training.resizePolicy",
+        "training.resizePolicy is immutable",
+    ),
+    Update(
+        "checkpoint-path-immutable",
+        _set("spec.checkpoint", {"path": "/elsewhere"}),
+        True,
+        "spec.checkpoint",
+        "checkpoint.pvc, checkpoint.path and checkpoint.uri are immutable",
+    ),
+    Update(
+        "checkpoint-uri-added",
+        _set("spec.checkpoint", {"uri": "s3://bucket/job"}),
+        True,
+        "spec.checkpoint",
+        "are immutable",
+    ),
+    # Elastic knobs stay editable: that is what `kubectl scale` and suspend are for.
+    Update("max-editable", _set("spec.replicas.max", 2), False),
+    Update("suspend-editable", _set("spec.suspend", True), False),
+    Update("interval-editable", _set("spec.checkpoint.intervalSteps", 50), False),
+]
