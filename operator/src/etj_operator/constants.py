@@ -1,0 +1,34 @@
+"""Names shared by the operator's modules: labels, annotations, ports, taint keys.
+
+Kept in one place because the worker pods, the indices and the tests must agree on them exactly.
+"""
+
+from __future__ import annotations
+
+from etj_operator.api.models import GROUP
+
+# Labels on every pod and service the operator creates. The job label is what the pod index keys on,
+# so a restarted operator finds its own pods without listing anything.
+LABEL_JOB = f"{GROUP}/job"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_SLOT = f"{GROUP}/slot"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "etj-operator"
+ROLE_WORKER = "worker"
+ROLE_RENDEZVOUS = "rendezvous"
+
+# Node label that overrides every cloud convention (values: spot, on-demand) and names the pool.
+LABEL_CAPACITY_OVERRIDE = f"{GROUP}/capacity-type"
+LABEL_POOL_OVERRIDE = f"{GROUP}/pool"
+
+# Rendezvous store ports (docs/contract.md).
+RDZV_PORT = 29400
+PROGRESS_PORT = 29401
+
+# Rendezvous settings handed to torchrun through ETJ_RDZV_CONF. The defaults (last_call 30 s, 600 s join)
+# cost ~49 s per resize on the test machine; a short last call plus fast keep-alives let survivors
+# re-rendezvous in seconds, and a long join timeout keeps a job below min waiting instead of failing.
+RDZV_CONF = (
+    "last_call_timeout=2,join_timeout=3600,read_timeout=60,keep_alive_interval=2,keep_alive_max_attempt=3"
+)
+MONITOR_INTERVAL = "0.5"

@@ -1,0 +1,307 @@
+"""The pure planner: observed state in, a plan out. No Kubernetes calls, no clocks, no globals.
+
+``plan()`` is level-based: given the same observation it returns the same plan, so the operator can run
+it after every event, after a restart, or twice in a row without creating duplicates. Everything the
+decision needs (job, nodes, pods, GPUs in use, progress, the time) is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from etj_operator.api.models import (
+    CapacityType,
+    ElasticTrainingJobSpec,
+    ElasticTrainingJobStatus,
+    Phase,
+)
+from etj_operator.nodepools import NodeInfo, fits
+from etj_operator.podstate import PodInfo
+from etj_operator.signals import INTERRUPTIONS, Reason, Signal
+from etj_operator.status import StatusInputs, build_status
+from etj_operator.workload import capacity_tolerations
+
+# A pod bound to a node the index has never seen is only "on a deleted node" after this long: watches
+# of different resources are not ordered, so a fresh node may reach us after the pod bound to it.
+NODE_MISSING_GRACE = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: ElasticTrainingJobSpec
+    status: ElasticTrainingJobStatus
+
+
+@dataclass(frozen=True)
+class Observed:
+    nodes: Mapping[str, NodeInfo]
+    pods: Sequence[PodInfo]  # this job's pods (workers and rendezvous)
+    now: datetime
+    node_usage: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # GPUs requested per node
+    deleted_nodes: Mapping[str, datetime] = field(default_factory=dict)  # tombstones from the node index
+    progress: Mapping[str, Any] | None = None
+    progress_time: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Delete one pod gracefully (SIGTERM, then the pod's grace period) and say why."""
+
+    pod: str
+    reason: Reason
+    message: str
+    node: str | None = None
+    signal_since: datetime | None = None  # for the interruption → drain latency metric
+    role: str = "worker"
+
+
+@dataclass(frozen=True)
+class KubeEvent:
+    type: str  # Normal / Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    create_workers: list[int] = field(default_factory=list)  # slots; names are <job>-worker-<slot>
+    drains: list[Drain] = field(default_factory=list)
+    ensure_service: bool = False
+    create_rendezvous: bool = False
+    rendezvous_capacity: list[CapacityType] = field(default_factory=list)
+    status: ElasticTrainingJobStatus = field(default_factory=ElasticTrainingJobStatus)
+    events: list[KubeEvent] = field(default_factory=list)
+    new_failures: int = 0
+    requeue_after: float | None = None  # seconds until a time-based decision changes
+    delete_job: bool = False  # ttlSecondsAfterFinished expired
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(0.5, seconds)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+def interruption_of(pod: PodInfo, obs: Observed) -> Signal | None:
+    """Why this pod must be drained now, if anything says its node (or the pod) is going away."""
+    if pod.signal is not None:
+        return pod.signal
+    if pod.node is None:
+        return None
+    node = obs.nodes.get(pod.node)
+    if node is None:
+        if pod.node in obs.deleted_nodes:
+            return Signal(Reason.NODE_DELETED, f"node {pod.node} was deleted", obs.deleted_nodes[pod.node])
+        bound = pod.scheduled_at or pod.created
+        if bound is not None and obs.now - bound > NODE_MISSING_GRACE:
+            return Signal(Reason.NODE_DELETED, f"node {pod.node} no longer exists")
+        return None
+    return node.signal
+
+
+def free_worker_slots(spec: ElasticTrainingJobSpec, obs: Observed, *, settled_before: datetime | None) -> int:
+    """Workers that would fit on eligible nodes now (or on nodes Ready since before ``settled_before``)."""
+    res = spec.trainer.resources
+    tolerations = [
+        *capacity_tolerations(spec.placement.capacity_types),
+        *(t.to_dict() for t in spec.placement.tolerations),
+    ]
+    total = 0
+    for node in obs.nodes.values():
+        if settled_before is not None and node.ready_since is not None and node.ready_since > settled_before:
+            continue
+        if not fits(
+            node,
+            capacity_types=spec.placement.capacity_types,
+            node_selector=spec.placement.node_selector,
+            tolerations=tolerations,
+        ):
+            continue
+        if res.gpu == 0:
+            total += spec.replicas.max  # CPU workers: the scheduler decides; count the node as roomy
+            continue
+        used = obs.node_usage.get(node.name, {}).get(res.gpu_resource_name, 0)
+        total += max(0, node.gpus(res.gpu_resource_name) - used) // res.gpu
+    return total
+
+
+def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:
+    return max((e.time for e in status.resize_history), default=None)
+
+
+def _free_slots(pods: Sequence[PodInfo], count: int) -> list[int]:
+    taken = {p.slot for p in pods if p.slot is not None}
+    out: list[int] = []
+    slot = 0
+    while len(out) < count:
+        if slot not in taken:
+            out.append(slot)
+        slot += 1
+    return out
+
+
+def plan(job: JobView, obs: Observed) -> Plan:
+    spec, prev = job.spec, job.status
+    now = obs.now
+    out = Plan()
+    workers = [p for p in obs.pods if p.role == "worker"]
+    rdzv = [p for p in obs.pods if p.role == "rendezvous"]
+    active = [p for p in workers if p.active]
+    finished = prev.phase in (Phase.SUCCEEDED, Phase.FAILED)
+
+    # 1. Interruptions: drain every active worker whose node (or the pod itself) is going away.
+    draining: set[str] = set()
+    for pod in active:
+        sig = interruption_of(pod, obs)
+        if sig is not None:
+            out.drains.append(Drain(pod.name, sig.reason, sig.message, pod.node, sig.since))
+            draining.add(pod.name)
+
+    # 2. Crashed workers: count against the budget, delete so the slot is refilled.
+    failures = prev.failures or 0
+    for pod in workers:
+        if pod.terminating or pod.phase != "Failed" or finished:
+            continue
+        sig = interruption_of(pod, obs)
+        if sig is None:
+            out.new_failures += 1
+            reason, msg = Reason.WORKER_FAILED, f"worker {pod.name} failed (exit code {pod.exit_code})"
+        else:
+            # The node went away under it: an interruption, not a crash of the trainer.
+            reason, msg = sig.reason, f"worker {pod.name} stopped: {sig.message}"
+        out.drains.append(Drain(pod.name, reason, msg, pod.node))
+    if spec.failure_policy.count_interruptions:
+        out.new_failures += sum(1 for d in out.drains if d.reason in INTERRUPTIONS)
+    failures += out.new_failures
+
+    # 3. Terminal states and suspension: which of them applies, and the workers they stop.
+    succeeded = any(p.phase == "Succeeded" for p in workers) or bool(
+        obs.progress and obs.progress.get("finished") and not any(p.running for p in active)
+    )
+    failed = prev.phase == Phase.FAILED or failures > spec.failure_policy.max_failures
+    terminal = failed or prev.phase == Phase.SUCCEEDED or succeeded
+    stop_reason = (
+        (Reason.FAILED if failed else Reason.FINISHED)
+        if terminal
+        else (Reason.SUSPENDED if spec.suspend else None)
+    )
+    survivors = [p for p in active if p.name not in draining]
+    if stop_reason is not None:
+        for pod in survivors:
+            out.drains.append(
+                Drain(pod.name, stop_reason, f"worker {pod.name} stopped: {stop_reason}", pod.node)
+            )
+        survivors = []
+    elif len(survivors) > spec.replicas.max:
+        # Scaled down by the user (or the scale subresource): drop pending workers first, then the
+        # highest slots, so the lowest, longest-running ranks stay.
+        extra = sorted(survivors, key=lambda p: (p.phase == "Running", -(p.slot or 0)))
+        for pod in extra[: len(survivors) - spec.replicas.max]:
+            out.drains.append(
+                Drain(pod.name, Reason.SCALED_BY_USER, f"replicas.max is {spec.replicas.max}", pod.node)
+            )
+        dropped = {d.pod for d in out.drains}
+        survivors = [p for p in survivors if p.name not in dropped]
+
+    # 4. Refill missing workers. Pending pods are the demand signal for Karpenter/cluster-autoscaler.
+    if stop_reason is None:
+        out.create_workers = _free_slots(workers, _workers_to_add(job, obs, out, len(survivors)))
+
+    # 5. Rendezvous store: one pod per job on capacity that is not reclaimed, behind a headless Service.
+    rdzv_spec = spec.placement.rendezvous
+    out.rendezvous_capacity = list(rdzv_spec.capacity_types)
+    live_rdzv = [p for p in rdzv if not p.terminating]
+    if stop_reason is not None:
+        out.drains += [
+            Drain(p.name, stop_reason, "rendezvous store not needed", p.node, role="rendezvous")
+            for p in live_rdzv
+        ]
+    else:
+        out.ensure_service = True
+        for pod in live_rdzv:
+            sig = interruption_of(pod, obs)
+            if sig is not None or pod.phase in ("Failed", "Succeeded"):
+                why = sig.reason if sig else Reason.WORKER_FAILED
+                out.drains.append(
+                    Drain(
+                        pod.name,
+                        why,
+                        sig.message if sig else "store pod exited",
+                        pod.node,
+                        sig.since if sig else None,
+                        role="rendezvous",
+                    )
+                )
+        out.create_rendezvous = not rdzv  # same fixed name: wait until a terminating one is gone
+
+    # 6. Status, events, TTL.
+    inputs = StatusInputs(
+        job=job.name,
+        generation=job.generation,
+        now=now,
+        prev=prev,
+        spec=spec,
+        running=sum(1 for p in survivors if p.running),
+        desired=0 if stop_reason is not None else spec.replicas.max,
+        drains=out.drains,
+        failures=failures,
+        failed=failed,
+        succeeded=terminal and not failed,
+        suspended=spec.suspend and not terminal,
+        terminating=any(p.terminating for p in workers),
+        rendezvous_running=any(p.running for p in live_rdzv),
+        free_slots=free_worker_slots(spec, obs, settled_before=None),
+        progress=obs.progress,
+        progress_time=obs.progress_time,
+    )
+    out.status, out.events = build_status(inputs)
+    if terminal and spec.ttl_seconds_after_finished is not None and out.status.completion_time is not None:
+        left = out.status.completion_time + timedelta(seconds=spec.ttl_seconds_after_finished) - now
+        if left.total_seconds() <= 0:
+            out.delete_job = True
+        else:
+            out.requeue(left.total_seconds())
+    return out
+
+
+def _workers_to_add(job: JobView, obs: Observed, out: Plan, survivors: int) -> int:
+    """How many new worker pods to create now; sets a requeue when a timer will allow more later."""
+    spec, prev, now = job.spec, job.status, obs.now
+    missing = spec.replicas.max - survivors
+    if missing <= 0:
+        return 0
+    # Below min the job cannot train at all: waiting gains nothing, so refill at once.
+    urgent = max(0, spec.replicas.min - survivors)
+    rest = missing - urgent
+    if rest == 0:
+        return urgent
+    last = _last_resize(prev)
+    if out.drains:
+        last = now  # a resize is happening right now
+    if prev.start_time is None and not prev.resize_history:
+        return missing  # first start: ask for everything, pending pods drive the autoscaler
+    cooldown = timedelta(seconds=spec.scaling.cooldown_seconds)
+    if last is not None and now < last + cooldown:
+        out.requeue((last + cooldown - now).total_seconds())
+        return urgent
+    delay = timedelta(seconds=spec.scaling.scale_up_delay_seconds)
+    if delay:
+        # Capacity that just appeared must survive scaleUpDelaySeconds first (spot flapping); when there
+        # is no free capacity at all, pending pods are exactly what asks the autoscaler for nodes.
+        settled = free_worker_slots(spec, obs, settled_before=now - delay)
+        fresh = free_worker_slots(spec, obs, settled_before=None) - settled
+        if fresh > 0 and settled < rest:
+            young = [
+                n.ready_since
+                for n in obs.nodes.values()
+                if n.ready_since is not None and n.ready_since > now - delay
+            ]
+            if young:
+                out.requeue((min(young) + delay - now).total_seconds())
+            return urgent + settled
+    return missing
