@@ -275,13 +275,15 @@ def _workers_to_add(job: JobView, obs: Observed, out: Plan, survivors: int) -> i
     missing = spec.replicas.max - survivors
     if missing <= 0:
         return 0
-    # Below min the job cannot train at all: waiting gains nothing, so refill at once.
-    urgent = max(0, spec.replicas.min - survivors)
+    # Below min the job cannot train at all: waiting gains nothing, so refill at once. A crashed worker
+    # (within the failure budget) is restarted at once too: that restores the size, it is no new resize.
+    restarts = sum(1 for d in out.drains if d.reason == Reason.WORKER_FAILED and d.role == "worker")
+    urgent = min(missing, max(0, spec.replicas.min - survivors) + restarts)
     rest = missing - urgent
     if rest == 0:
         return urgent
     last = _last_resize(prev)
-    if out.drains:
+    if any(d.reason != Reason.WORKER_FAILED for d in out.drains):
         last = now  # a resize is happening right now
     if prev.start_time is None and not prev.resize_history:
         return missing  # first start: ask for everything, pending pods drive the autoscaler

@@ -1,0 +1,354 @@
+"""The planner, as named tables of cases: observation in, plan out (no Kubernetes anywhere)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+import pytest
+
+from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus, Phase
+from etj_operator.planner import JobView, Observed, Plan, plan
+from etj_operator.signals import Reason, Signal
+from tests.unit.factories import (
+    NOW,
+    cluster,
+    job,
+    node,
+    observe,
+    spec,
+    started,
+    status,
+    store,
+    worker,
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    job: JobView
+    obs: Observed
+    creates: list[int]
+    drains: list[tuple[str, Reason]]
+    phase: Phase
+    requeue: float | None = None  # expected requeue_after (seconds), None = no timer needed
+    check: Callable[[Plan], None] = field(default=lambda p: None)
+
+
+def _resize(reason: str, frm: int, to: int) -> Callable[[Plan], None]:
+    def check(p: Plan) -> None:
+        last = p.status.resize_history[-1]
+        assert (last.reason, last.from_, last.to) == (reason, frm, to)
+        assert any(e.reason == reason for e in p.events), p.events
+
+    return check
+
+
+RUNNING4 = [worker(i, f"spot-{i}") for i in range(4)]
+RECENT_RESIZE = {
+    "resizeHistory": [
+        {"time": (NOW - timedelta(seconds=10)).isoformat(), "from": 4, "to": 3, "reason": "SpotInterruption"}
+    ]
+}
+OLD_RESIZE = {
+    "resizeHistory": [
+        {"time": (NOW - timedelta(minutes=10)).isoformat(), "from": 4, "to": 3, "reason": "SpotInterruption"}
+    ]
+}
+
+CASES = [
+    Case(
+        "fresh job on free capacity asks for max workers and a store",
+        job(),
+        observe(cluster(), []),
+        creates=[0, 1, 2, 3],
+        drains=[],
+        phase=Phase.PENDING,
+        check=lambda p: (p.create_rendezvous and p.ensure_service) or pytest.fail("no store"),
+    ),
+    Case(
+        "steady state at max does nothing",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store()]),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+    ),
+    Case(
+        "spot loss drains the interrupted worker and records the resize",
+        job(st=started(4)),
+        observe(
+            [*cluster(spot=2), node("spot-2", signal=Reason.SPOT_INTERRUPTION), node("spot-3")],
+            [*RUNNING4, store()],
+        ),
+        creates=[],
+        drains=[("train-worker-2", Reason.SPOT_INTERRUPTION)],
+        phase=Phase.RESIZING,
+        requeue=60,
+        check=_resize("SpotInterruption", 4, 3),
+    ),
+    Case(
+        "rank 0 loss is an ordinary drain, never a failure",
+        job(st=started(4)),
+        observe([node("spot-0", signal=Reason.SPOT_INTERRUPTION), *cluster()[1:]], [*RUNNING4, store()]),
+        creates=[],
+        drains=[("train-worker-0", Reason.SPOT_INTERRUPTION)],
+        phase=Phase.RESIZING,
+        requeue=60,
+        check=lambda p: p.status.failures == 0 or pytest.fail("counted"),
+    ),
+    Case(
+        "spot gain after the cooldown refills the missing worker",
+        job(st=started(3, **OLD_RESIZE)),
+        observe(cluster(), [*RUNNING4[:3], store()]),
+        creates=[3],
+        drains=[],
+        phase=Phase.RUNNING,
+    ),
+    Case(
+        "capacity flapping: a node younger than scaleUpDelaySeconds is not used yet",
+        job(st=started(3, **OLD_RESIZE)),
+        observe(
+            [*cluster(spot=3), node("spot-3", ready_since=NOW - timedelta(seconds=5))],
+            [*RUNNING4[:3], store()],
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        requeue=25,
+    ),
+    Case(
+        "no free capacity at all: pending pods are created to ask the autoscaler",
+        job(st=started(3, **OLD_RESIZE)),
+        observe(cluster(spot=3), [*RUNNING4[:3], store()]),
+        creates=[3],
+        drains=[],
+        phase=Phase.RUNNING,
+    ),
+    Case(
+        "cooldown holds back the refill after a recent resize",
+        job(st=started(3, **RECENT_RESIZE)),
+        observe(cluster(), [*RUNNING4[:3], store()]),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        requeue=50,
+    ),
+    Case(
+        "below min refills up to min at once, even in the cooldown",
+        job(spec(replicas={"min": 3, "max": 4}), started(1, **RECENT_RESIZE)),
+        observe(cluster(), [RUNNING4[0], store()]),
+        creates=[1, 2],
+        drains=[],
+        phase=Phase.PENDING,
+        requeue=50,
+    ),
+    Case(
+        "on-demand only job ignores spot capacity and spot interruptions elsewhere",
+        job(spec(placement={"capacityTypes": ["on-demand"]}), started(1, 1, **OLD_RESIZE)),
+        observe(
+            [node("spot-0", signal=Reason.SPOT_INTERRUPTION), node("od-0", CapacityType.ON_DEMAND, 2)],
+            [worker(0, "od-0"), store()],
+        ),
+        creates=[1, 2, 3],
+        drains=[],
+        phase=Phase.RUNNING,
+        check=lambda p: p.status.conditions and None,
+    ),
+    Case(
+        "interruption during a resize drains the new victim and never reuses a terminating slot",
+        job(st=started(3, **RECENT_RESIZE)),
+        observe(
+            [*cluster(spot=1), node("spot-1", signal=Reason.NODE_DISRUPTED), *cluster(spot=0)],
+            [worker(0, "spot-0"), worker(1, "spot-1"), worker(2, "spot-2", terminating=True), store()],
+        ),
+        creates=[],
+        drains=[("train-worker-1", Reason.NODE_DISRUPTED)],
+        phase=Phase.RESIZING,
+        requeue=60,
+    ),
+    Case(
+        "interruption that drops the job below min refills into free slots only",
+        job(spec(replicas={"min": 2, "max": 2}), started(2, 2)),
+        observe(
+            [node("spot-0"), node("spot-1", signal=Reason.SPOT_INTERRUPTION), node("spot-2"), *cluster(0)],
+            [worker(0, "spot-0"), worker(1, "spot-1"), store()],
+        ),
+        creates=[2],
+        drains=[("train-worker-1", Reason.SPOT_INTERRUPTION)],
+        phase=Phase.PENDING,
+    ),
+    Case(
+        "job suspended: every worker and the store drained, nothing created",
+        job(spec(suspend=True), started(4)),
+        observe(cluster(), [*RUNNING4, store()]),
+        creates=[],
+        phase=Phase.SUSPENDED,
+        drains=[
+            *((f"train-worker-{i}", Reason.SUSPENDED) for i in range(4)),
+            ("train-rdzv", Reason.SUSPENDED),
+        ],
+    ),
+    Case(
+        "job finished: a worker exited 0, the rest and the store stop",
+        job(st=started(4)),
+        observe(cluster(), [worker(0, "spot-0", phase="Succeeded"), *RUNNING4[1:], store()]),
+        creates=[],
+        phase=Phase.SUCCEEDED,
+        drains=[
+            *((f"train-worker-{i}", Reason.FINISHED) for i in (1, 2, 3)),
+            ("train-rdzv", Reason.FINISHED),
+        ],
+        check=lambda p: p.status.completion_time == NOW or pytest.fail("no completion time"),
+    ),
+    Case(
+        "finished job stays finished and creates nothing",
+        job(st=status(phase="Succeeded", completionTime=NOW.isoformat())),
+        observe(cluster(), []),
+        creates=[],
+        drains=[],
+        phase=Phase.SUCCEEDED,
+    ),
+    Case(
+        "crashed worker within the budget is counted and restarted at once",
+        job(st=started(4, failures=1, **RECENT_RESIZE)),
+        observe(cluster(), [*RUNNING4[:3], worker(3, "spot-3", phase="Failed", exit_code=1), store()]),
+        creates=[4],
+        drains=[("train-worker-3", Reason.WORKER_FAILED)],
+        phase=Phase.RESIZING,
+        check=lambda p: p.status.failures == 2 or pytest.fail(str(p.status.failures)),
+    ),
+    Case(
+        "crash beyond the budget fails the job",
+        job(st=started(4, failures=2)),
+        observe(cluster(), [*RUNNING4[:3], worker(3, "spot-3", phase="Failed", exit_code=1), store()]),
+        creates=[],
+        phase=Phase.FAILED,
+        drains=[
+            ("train-worker-3", Reason.WORKER_FAILED),
+            *((f"train-worker-{i}", Reason.FAILED) for i in range(3)),
+            ("train-rdzv", Reason.FAILED),
+        ],
+    ),
+    Case(
+        "a worker failing because its node died is an interruption, not a crash",
+        job(st=started(4)),
+        observe(
+            [*cluster(spot=3), node("spot-3", signal=Reason.SPOT_INTERRUPTION)],
+            [*RUNNING4[:3], worker(3, "spot-3", phase="Failed", exit_code=143), store()],
+        ),
+        creates=[],
+        drains=[("train-worker-3", Reason.SPOT_INTERRUPTION)],
+        phase=Phase.RESIZING,
+        requeue=60,
+        check=lambda p: p.status.failures == 0 or pytest.fail("counted"),
+    ),
+    Case(
+        "deleted node drains its worker",
+        job(st=started(4)),
+        observe(cluster(spot=3), [*RUNNING4, store()], deleted_nodes={"spot-3": NOW}),
+        creates=[],
+        drains=[("train-worker-3", Reason.NODE_DELETED)],
+        phase=Phase.RESIZING,
+        requeue=60,
+    ),
+    Case(
+        "a node not in the index yet is not mistaken for a deleted one",
+        job(st=started(4)),
+        observe(cluster(spot=3), [*RUNNING4[:3], replace(worker(3, "spot-9"), scheduled_at=NOW), store()]),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+    ),
+    Case(
+        "pod DisruptionTarget drains it",
+        job(st=started(4)),
+        observe(
+            cluster(),
+            [*RUNNING4[:3], replace(worker(3, "spot-3"), signal=Signal(Reason.POD_DISRUPTED, "x")), store()],
+        ),
+        creates=[],
+        drains=[("train-worker-3", Reason.POD_DISRUPTED)],
+        phase=Phase.RESIZING,
+        requeue=60,
+    ),
+    Case(
+        "user lowered max: pending workers go first, then the highest slots",
+        job(spec(replicas={"min": 1, "max": 2}), started(3)),
+        observe(
+            cluster(), [worker(0, "spot-0"), worker(1, "spot-1"), worker(2, "spot-2"), worker(3), store()]
+        ),
+        creates=[],
+        phase=Phase.RESIZING,
+        drains=[("train-worker-3", Reason.SCALED_BY_USER), ("train-worker-2", Reason.SCALED_BY_USER)],
+    ),
+    Case(
+        "store on an interrupted node is replaced, never while the old one exists",
+        job(st=started(4)),
+        observe(
+            [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_CORDONED)],
+            [*RUNNING4, store("od-0")],
+        ),
+        creates=[],
+        drains=[("train-rdzv", Reason.NODE_CORDONED)],
+        phase=Phase.RUNNING,
+        check=lambda p: (not p.create_rendezvous) or pytest.fail("store created while old exists"),
+    ),
+    Case(
+        "ttl after finish deletes the job",
+        job(
+            spec(ttlSecondsAfterFinished=60),
+            status(phase="Succeeded", completionTime=(NOW - timedelta(minutes=5)).isoformat()),
+        ),
+        observe(cluster(), []),
+        creates=[],
+        drains=[],
+        phase=Phase.SUCCEEDED,
+        check=lambda p: p.delete_job or pytest.fail("not deleted"),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_plan(case: Case) -> None:
+    result = plan(case.job, case.obs)
+    assert result.create_workers == case.creates
+    assert [(d.pod, d.reason) for d in result.drains] == case.drains
+    assert result.status.phase == case.phase
+    if case.requeue is None:
+        assert result.requeue_after is None
+    else:
+        assert result.requeue_after == pytest.approx(case.requeue, abs=1)
+    case.check(result)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_plan_is_deterministic(case: Case) -> None:
+    assert plan(case.job, case.obs).status.to_patch() == plan(case.job, case.obs).status.to_patch()
+
+
+def test_every_status_write_carries_the_full_conditions_list() -> None:
+    result = plan(job(st=started(4)), observe(cluster(), [*RUNNING4, store()]))
+    types = [c.type for c in result.status.conditions]
+    assert types == ["Ready", "Resizing", "Suspended", "Succeeded", "Failed", "CapacityAvailable"]
+    assert result.status.to_patch()["conditions"][0]["status"] == "True"
+
+
+def test_applying_the_plan_converges_to_a_no_op() -> None:
+    """Level-based: feed the plan's own status and pods back in; the second plan changes nothing."""
+    first = plan(job(), observe(cluster(), []))
+    pods = [worker(s, f"spot-{s}") for s in first.create_workers] + [store()]
+    second = plan(job(st=first.status), observe(cluster(), pods, now=NOW + timedelta(seconds=5)))
+    assert second.status.phase == Phase.RUNNING
+    third = plan(job(st=second.status), observe(cluster(), pods, now=NOW + timedelta(seconds=9)))
+    assert (third.create_workers, third.drains, third.events) == ([], [], [])
+    assert third.status.to_patch() == second.status.to_patch()
+
+
+def test_restart_with_lagging_status_never_duplicates_workers() -> None:
+    """A fresh operator whose status is empty still sees every existing pod and creates only the gaps."""
+    pods = [worker(0, "spot-0"), worker(2, "spot-2"), store()]
+    result = plan(job(st=ElasticTrainingJobStatus()), observe(cluster(), pods))
+    assert result.create_workers == [1, 3]

@@ -1,0 +1,94 @@
+"""Status building pieces: trainer progress, resize merging, condition stability."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from etj_operator.api.models import ResizeEvent
+from etj_operator.planner import plan
+from etj_operator.status import merge_resizes
+from tests.unit.factories import NOW, cluster, job, observe, started, store, worker
+
+RUNNING = [worker(i, f"spot-{i}") for i in range(4)]
+
+
+def test_progress_is_copied_into_status() -> None:
+    progress = {
+        "epoch": 2,
+        "step": 340,
+        "samplesSeen": 21760,
+        "samplesPerSecond": 812.5,
+        "loss": 0.31,
+        "worldSize": 4,
+        "perWorkerBatch": 16,
+        "accumulationSteps": 2,
+        "lrMultiplier": 1.0,
+        "lastCheckpoint": {"step": 300, "path": "/ckpt/300", "time": "2026-01-01T11:59:00Z"},
+        "bogus": "ignored",
+    }
+    st = plan(
+        job(st=started(4)), observe(cluster(), [*RUNNING, store()], progress=progress, progress_time=NOW)
+    ).status
+    assert st.progress is not None and (st.progress.step, st.progress.samples_seen) == (340, 21760)
+    assert (st.world_size, st.per_worker_batch, st.accumulation_steps) == (4, 16, 2)
+    assert st.last_checkpoint is not None and st.last_checkpoint.step == 300
+
+
+def test_garbage_progress_does_not_break_status() -> None:
+    st = plan(
+        job(st=started(4)),
+        observe(
+            cluster(),
+            [*RUNNING, store()],
+            progress={"step": -3, "worldSize": "x", "resizes": [1, {"to": "?"}]},
+        ),
+    ).status
+    assert st.phase is not None
+
+
+def _ev(seconds: int, frm: int, to: int, reason: str = "", pause: float | None = None) -> ResizeEvent:
+    return ResizeEvent.model_validate(
+        {
+            "time": NOW + timedelta(seconds=seconds),
+            "from": frm,
+            "to": to,
+            "reason": reason,
+            "pauseSeconds": pause,
+        }
+    )
+
+
+def test_trainer_resize_enriches_the_operator_record_once() -> None:
+    ours = [_ev(0, 4, 3, "SpotInterruption")]
+    reported = [
+        {
+            "time": (NOW + timedelta(seconds=20)).isoformat(),
+            "from": 4,
+            "to": 3,
+            "reason": "rendezvous",
+            "pauseSeconds": 18.5,
+            "stepsLost": 3,
+        }
+    ]
+    merged = merge_resizes(ours, reported)
+    assert len(merged) == 1
+    assert (merged[0].reason, merged[0].pause_seconds, merged[0].steps_lost) == ("SpotInterruption", 18.5, 3)
+    assert merge_resizes(merged, reported) == merged  # idempotent on the next poll
+
+
+def test_unmatched_trainer_resize_is_appended_in_time_order() -> None:
+    merged = merge_resizes(
+        [_ev(100, 4, 3, "SpotInterruption")],
+        [{"time": NOW.isoformat(), "from": 3, "to": 4, "reason": "CapacityAdded"}],
+    )
+    assert [e.to for e in merged] == [4, 3]
+
+
+def test_condition_transition_time_only_moves_on_a_transition() -> None:
+    first = plan(job(st=started(4)), observe(cluster(), [*RUNNING, store()])).status
+    later = plan(
+        job(st=first), observe(cluster(), [*RUNNING, store()], now=NOW + timedelta(minutes=5))
+    ).status
+    assert [c.last_transition_time for c in first.conditions] == [
+        c.last_transition_time for c in later.conditions
+    ]

@@ -1,0 +1,168 @@
+"""Worker/store pods and the Service: the pod contract and Pod Security "restricted"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from etj_operator.api.pod import RESERVED_ENV
+from etj_operator.workload import rendezvous_pod, rendezvous_service, worker_pod
+from tests.unit.factories import spec
+
+
+def _pod(**overrides: Any) -> dict[str, Any]:
+    return worker_pod(spec(**overrides), job="train", namespace="ml", uid="uid-1", slot=2, grace_seconds=90)
+
+
+def _env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_worker_pod_identity_ownership_and_labels() -> None:
+    pod = _pod()
+    meta = pod["metadata"]
+    assert meta["name"] == "train-worker-2"
+    assert meta["labels"]["etj.dev/job"] == "train" and meta["labels"]["etj.dev/slot"] == "2"
+    owner = meta["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "ElasticTrainingJob",
+        "train",
+        "uid-1",
+        True,
+    )
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 90
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_worker_env_follows_the_contract() -> None:
+    env = _env(
+        _pod(
+            trainer={
+                "image": "t:1",
+                "resources": {"gpu": 2},
+                "env": [{"name": "ETJ_DATA", "value": "digits"}],
+            }
+        )
+    )
+    assert set(RESERVED_ENV) <= set(env)
+    assert env["ETJ_RDZV_ENDPOINT"] == "train-rdzv.ml.svc:29400"
+    assert env["ETJ_PROGRESS_URL"] == "http://train-rdzv.ml.svc:29401/progress"
+    assert (env["ETJ_MIN_WORKERS"], env["ETJ_MAX_WORKERS"], env["ETJ_NPROC_PER_WORKER"]) == ("1", "4", "2")
+    assert env["ETJ_WORKER_ID"] == "train-worker-2" and env["ETJ_RDZV_ID"] == "uid-1"
+    names = [
+        e["name"]
+        for e in _pod(trainer={"image": "t", "env": [{"name": "ETJ_DATA", "value": "x"}]})["spec"][
+            "containers"
+        ][0]["env"]
+    ]
+    assert names.index("ETJ_DATA") > names.index("ETJ_PROGRESS_URL")  # user env after the operator's
+
+
+def test_worker_command_defaults_to_etj_train_worker() -> None:
+    assert _pod()["spec"]["containers"][0]["command"] == ["etj-train", "worker"]
+
+
+@pytest.mark.parametrize("builder", ["worker", "store"])
+def test_restricted_pod_security(builder: str) -> None:
+    pod = _pod() if builder == "worker" else rendezvous_pod(spec(), job="train", namespace="ml", uid="u")
+    psc = pod["spec"]["securityContext"]
+    assert psc["runAsNonRoot"] and psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in pod["spec"]["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["readOnlyRootFilesystem"] is True
+        assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"])
+
+
+def test_worker_resources_shm_and_checkpoint_volume() -> None:
+    pod = _pod(
+        trainer={"image": "t", "resources": {"gpu": 4, "cpu": 8, "memory": "60Gi", "shmSize": "8Gi"}},
+        checkpoint={"pvc": {"claimName": "ckpt"}, "path": "/ckpt"},
+    )
+    c = pod["spec"]["containers"][0]
+    assert (
+        c["resources"]["requests"]
+        == c["resources"]["limits"]
+        == {"nvidia.com/gpu": "4", "cpu": "8", "memory": "60Gi"}
+    )
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["etj-shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert vols["etj-checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    assert {"name": "etj-checkpoints", "mountPath": "/ckpt"} in c["volumeMounts"]
+
+
+def _required_terms(pod: dict[str, Any]) -> list[list[dict[str, Any]]]:
+    node = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+    terms = node.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])
+    return [t["matchExpressions"] for t in terms]
+
+
+def test_spot_only_workers_require_spot_and_tolerate_spot_taints() -> None:
+    pod = _pod(placement={"capacityTypes": ["spot"]})
+    flat = [e for term in _required_terms(pod) for e in term]
+    assert {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["SPOT"]} in flat
+    assert {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]} in flat
+    assert any(t["key"] == "kubernetes.azure.com/scalesetpriority" for t in pod["spec"]["tolerations"])
+
+
+def test_on_demand_only_workers_exclude_every_spot_convention_and_no_spot_tolerations() -> None:
+    pod = _pod(placement={"capacityTypes": ["on-demand"]})
+    terms = _required_terms(pod)
+    not_spot = terms[1]
+    assert {"key": "eks.amazonaws.com/capacityType", "operator": "NotIn", "values": ["SPOT"]} in not_spot
+    assert {"key": "cloud.google.com/gke-spot", "operator": "NotIn", "values": ["true"]} in not_spot
+    assert pod["spec"]["tolerations"] == []
+
+
+def test_both_capacity_types_prefer_the_first_and_keep_user_affinity() -> None:
+    user = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    }
+    pod = _pod(placement={"capacityTypes": ["spot", "on-demand"], "affinity": user})
+    assert _required_terms(pod) == [[{"key": "zone", "operator": "In", "values": ["a"]}]]
+    preferred = pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert any(
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["spot"]}
+        in p["preference"]["matchExpressions"]
+        for p in preferred
+    )
+
+
+def test_user_required_terms_are_anded_with_the_capacity_rule() -> None:
+    user = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    }
+    terms = _required_terms(_pod(placement={"capacityTypes": ["spot"], "affinity": user}))
+    assert terms and all({"key": "zone", "operator": "In", "values": ["a"]} in t for t in terms)
+
+
+def test_store_runs_on_demand_behind_a_headless_service() -> None:
+    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u")
+    assert pod["metadata"]["name"] == "train-rdzv"
+    assert pod["spec"]["containers"][0]["command"] == [
+        "etj-train",
+        "store",
+        "--port",
+        "29400",
+        "--http-port",
+        "29401",
+    ]
+    assert _required_terms(pod)[0] == [
+        {"key": "etj.dev/capacity-type", "operator": "In", "values": ["on-demand"]}
+    ]
+    svc = rendezvous_service(job="train", namespace="ml", uid="u")
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"etj.dev/job": "train", "etj.dev/role": "rendezvous"}
