@@ -1,0 +1,217 @@
+"""What a process-backed pod's process sees: its environment, command line, loopback IP and names.
+
+Pure functions (plus a small allocator) so the Kubernetes rules they copy — `$(VAR)` expansion, fieldRef
+paths, envFrom prefixes — are unit-tested without a cluster. Lookups of ConfigMaps, Secrets and Services
+are passed in as callables.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger("etj.proclet")
+
+JSON = dict[str, Any]
+# (kind, namespace, name) → the object's `data` (Secrets still base64), or None if it does not exist.
+DataLookup = Callable[[str, str, str], Mapping[str, str] | None]
+# (service, namespace) → an IP for the name, or None while it has no endpoint.
+ServiceLookup = Callable[[str, str], str | None]
+
+_VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+# <service>.<namespace>.svc[.cluster.local] inside any string (URLs, host:port pairs).
+SERVICE_NAME = re.compile(
+    r"(?<![-a-z0-9.])([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)\.([a-z0-9](?:[-a-z0-9]*[a-z0-9])?)"
+    r"\.svc(?:\.cluster\.local)?(?![-a-z0-9])"
+)
+_LABEL_REF = re.compile(r"metadata\.(labels|annotations)\['([^']+)'\]")
+
+
+def expand(value: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion: defined names are substituted, `$$` escapes, the rest stays."""
+
+    def sub(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env.get(name, match.group(0))
+
+    return _VAR_REF.sub(sub, value)
+
+
+def field_ref(pod: JSON, path: str, pod_ip: str, host_ip: str) -> str | None:
+    """The value of a downward-API fieldRef, or None for paths the harness does not provide."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName") or "default",
+        # The apiserver has not seen our status write yet when the process starts: use what we will report.
+        "status.podIP": pod_ip,
+        "status.podIPs": pod_ip,
+        "status.hostIP": host_ip,
+        "status.hostIPs": host_ip,
+    }
+    if path in simple:
+        return str(simple[path] or "")
+    match = _LABEL_REF.fullmatch(path)
+    if match:
+        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+    return None
+
+
+def _key_ref(kind: str, ref: JSON, namespace: str, lookup: DataLookup) -> str | None:
+    data = lookup(kind, namespace, ref.get("name", ""))
+    value = None if data is None else data.get(ref.get("key", ""))
+    if value is None:
+        if not ref.get("optional"):
+            log.warning(
+                "%s %s/%s has no key %r; variable left unset",
+                kind,
+                namespace,
+                ref.get("name"),
+                ref.get("key"),
+            )
+        return None
+    return base64.b64decode(value).decode() if kind == "secrets" else value
+
+
+def container_env(
+    pod: JSON,
+    container: JSON,
+    *,
+    pod_ip: str,
+    host_ip: str,
+    lookup: DataLookup,
+) -> dict[str, str]:
+    """The container's environment as the kubelet builds it: envFrom first, then env in order."""
+    namespace = (pod.get("metadata") or {}).get("namespace", "default")
+    env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        prefix = source.get("prefix", "")
+        for kind, key in (("configmaps", "configMapRef"), ("secrets", "secretRef")):
+            ref = source.get(key)
+            if not ref:
+                continue
+            data = lookup(kind, namespace, ref.get("name", ""))
+            if data is None:
+                if not ref.get("optional"):
+                    log.warning("envFrom %s %s/%s not found", kind, namespace, ref.get("name"))
+                continue
+            for key_name, raw in data.items():
+                env[prefix + key_name] = base64.b64decode(raw).decode() if kind == "secrets" else raw
+    for entry in container.get("env") or []:
+        name = entry["name"]
+        if "valueFrom" not in entry:
+            env[name] = expand(str(entry.get("value", "")), env)
+            continue
+        source = entry["valueFrom"]
+        value: str | None = None
+        if "fieldRef" in source:
+            value = field_ref(pod, source["fieldRef"].get("fieldPath", ""), pod_ip, host_ip)
+            if value is None:
+                log.warning(
+                    "fieldRef %s is not supported by process nodes; %s left unset",
+                    source["fieldRef"].get("fieldPath"),
+                    name,
+                )
+        elif "configMapKeyRef" in source:
+            value = _key_ref("configmaps", source["configMapKeyRef"], namespace, lookup)
+        elif "secretKeyRef" in source:
+            value = _key_ref("secrets", source["secretKeyRef"], namespace, lookup)
+        else:
+            log.warning("valueFrom %s is not supported by process nodes; %s left unset", list(source), name)
+        if value is not None:
+            env[name] = value
+    return env
+
+
+def command_line(container: JSON, env: Mapping[str, str]) -> list[str]:
+    """command + args with `$(VAR)` expanded; without a command the image's entrypoint would run, which a
+    process node does not have, so args alone are taken as the command line."""
+    argv = [*(container.get("command") or []), *(container.get("args") or [])]
+    return [expand(str(a), env) for a in argv]
+
+
+def service_names(values: Iterable[str]) -> set[tuple[str, str]]:
+    """The (service, namespace) pairs named as `<svc>.<ns>.svc[.cluster.local]` in `values`."""
+    found: set[tuple[str, str]] = set()
+    for value in values:
+        found.update((m.group(1), m.group(2)) for m in SERVICE_NAME.finditer(value))
+    return found
+
+
+def substitute_services(value: str, ips: Mapping[tuple[str, str], str]) -> str:
+    """Replace resolvable Service DNS names by an IP: process nodes have no cluster DNS, and the system
+    resolver (which torch's C++ TCPStore uses) cannot be taught new names without editing /etc/hosts."""
+
+    def sub(match: re.Match[str]) -> str:
+        return ips.get((match.group(1), match.group(2)), match.group(0))
+
+    return SERVICE_NAME.sub(sub, value)
+
+
+def endpoint_ip(slices: Iterable[JSON]) -> str | None:
+    """First IPv4 address of an EndpointSlice list, preferring ready endpoints (headless Services
+    with publishNotReadyAddresses mark every endpoint ready)."""
+    ready: list[str] = []
+    other: list[str] = []
+    for item in slices:
+        if item.get("addressType") not in (None, "IPv4"):
+            continue
+        for endpoint in item.get("endpoints") or []:
+            bucket = ready if (endpoint.get("conditions") or {}).get("ready", True) else other
+            bucket.extend(endpoint.get("addresses") or [])
+    for ip in (*sorted(ready), *sorted(other)):
+        return ip
+    return None
+
+
+class LoopbackIPs:
+    """Hands out 127.0.x.y addresses (never 127.0.0.1, never one in use).
+
+    A cursor walks the range so a freed address is not handed out again at once (its sockets may sit in
+    TIME_WAIT), except that a pod recreated under the same name gets its old address back when free —
+    which keeps a Service name resolved at a client's start valid across a server pod's replacement.
+    """
+
+    def __init__(self, network: str = "127.0.0.0/16") -> None:
+        self._hosts = [
+            str(ip)
+            for ip in ipaddress.ip_network(network).hosts()
+            if ip.packed[-1] not in (0, 255) and str(ip) != "127.0.0.1"
+        ]
+        self._cursor = 0
+        self._used: set[str] = set()
+        self._by_key: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def allocate(self, key: str) -> str:
+        with self._lock:
+            sticky = self._by_key.get(key)
+            if sticky and sticky not in self._used:
+                self._used.add(sticky)
+                return sticky
+            for _ in range(len(self._hosts)):
+                ip = self._hosts[self._cursor]
+                self._cursor = (self._cursor + 1) % len(self._hosts)
+                if ip not in self._used:
+                    self._used.add(ip)
+                    self._by_key[key] = ip
+                    return ip
+        raise RuntimeError("no free loopback address left for process-backed pods")
+
+    def release(self, ip: str) -> None:
+        with self._lock:
+            self._used.discard(ip)
+
+    def in_use(self) -> set[str]:
+        with self._lock:
+            return set(self._used)
