@@ -1,0 +1,181 @@
+"""Helpers for operator integration tests: run the operator as a real process, make kwok nodes and jobs.
+
+Every test gets its own namespace and labels its nodes and jobs with it (``etj.dev/test``), so tests
+sharing the session's control plane never schedule onto each other's nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from etj_operator.api.models import GROUP, PLURAL, VERSION
+from etj_operator.localcluster.nodes import fake_gpu_node
+from tests.plugins.cluster import Cluster
+
+TEST_LABEL = "etj.dev/test"
+
+
+class OperatorProcess:
+    """``python -m etj_operator.runner`` against the test cluster, logging to a file."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, *extra: str) -> None:
+        self.args = [
+            sys.executable,
+            "-m",
+            "etj_operator.runner",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--namespace",
+            namespace,
+            "--metrics-port",
+            "0",
+            "--liveness-port",
+            "0",
+            "--progress-seconds",
+            "0",
+            "--resync-seconds",
+            "5",
+            "--worker-grace-seconds",
+            "3",
+            *extra,
+        ]
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115  (closed with the process)
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        log.close()
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, like a crashed or evicted operator pod."""
+        self.stop(signal.SIGKILL)
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:] if self.log_path.exists() else ""
+
+
+def make_node(
+    core: client.CoreV1Api,
+    namespace: str,
+    name: str,
+    capacity: str,
+    gpus: int = 1,
+    provider: str = "karpenter",
+) -> str:
+    body = fake_gpu_node(
+        name,
+        capacity_type=capacity,
+        gpus=gpus,
+        provider=provider,
+        pool=f"{capacity}-pool",
+        labels={TEST_LABEL: namespace},
+    )
+    core.create_node(body)
+    return name
+
+
+def job_manifest(
+    name: str, namespace: str, *, min_workers: int = 1, max_workers: int = 3, **spec: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ElasticTrainingJob",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "trainer": {"image": "ghcr.io/etj-dev/etj-trainer:test", "resources": {"gpu": 1}},
+            "replicas": {"min": min_workers, "max": max_workers},
+            "training": {"globalBatchSize": 64, "microBatchSize": 8},
+            "placement": {
+                "capacityTypes": ["spot", "on-demand"],
+                "nodeSelector": {TEST_LABEL: namespace},
+                "rendezvous": {"nodeSelector": {TEST_LABEL: namespace}},
+            },
+            "scaling": {"cooldownSeconds": 0, "scaleUpDelaySeconds": 0},
+            **spec,
+        },
+    }
+
+
+class Bed:
+    """One test's view: API clients plus polling helpers for the job under test."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.ns = namespace
+        api = cluster.api_client()
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.nodes: list[str] = []
+
+    def node(self, name: str, capacity: str, gpus: int = 1) -> str:
+        full = f"{self.ns}-{name}"[:63]
+        self.nodes.append(make_node(self.core, self.ns, full, capacity, gpus))
+        return full
+
+    def cleanup(self) -> None:
+        for name in self.nodes:
+            with contextlib.suppress(client.ApiException):
+                self.core.delete_node(name)
+
+    def create_job(self, name: str, **kw: Any) -> None:
+        self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, self.ns, PLURAL, job_manifest(name, self.ns, **kw)
+        )
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.job(name) or {}).get("status") or {}
+
+    def pods(self, job: str, role: str = "worker") -> list[client.V1Pod]:
+        sel = f"etj.dev/job={job},etj.dev/role={role}"
+        return list(self.core.list_namespaced_pod(self.ns, label_selector=sel).items)
+
+    def running_workers(self, job: str) -> list[client.V1Pod]:
+        return [
+            p for p in self.pods(job) if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+        ]
+
+    def events(self, job: str) -> list[client.CoreV1Event]:
+        evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={job}").items
+        return list(evs)
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float = 60) -> None:
+        self.cluster.wait_for(what, predicate, timeout)
+
+    def taint(self, node: str, key: str, effect: str = "NoSchedule") -> float:
+        """Add a taint; return the monotonic time the request was sent."""
+        current = self.core.read_node(node).spec.taints or []
+        kept = [client.ApiClient().sanitize_for_serialization(t) for t in current]
+        body = {"spec": {"taints": [*kept, {"key": key, "effect": effect}]}}
+        sent = time.monotonic()
+        self.core.patch_node(node, body)
+        return sent
