@@ -39,6 +39,7 @@ class TrainConfig:
     job_name: str = "local"
     deterministic: bool = True
     dali_threads: int = 2
+    min_step_seconds: float = 0.0  # throttle (demos/tests on a laptop: makes resizes land mid-training)
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -77,7 +78,8 @@ class TrainConfig:
         for var, attr in strs.items():
             if (v := get(var)) is not None:
                 setattr(cfg, attr, v)
-        for var, attr in (("ETJ_LR", "lr"), ("ETJ_MOMENTUM", "momentum")):
+        for var, attr in (("ETJ_LR", "lr"), ("ETJ_MOMENTUM", "momentum"),
+                          ("ETJ_MIN_STEP_SECONDS", "min_step_seconds")):
             if (v := get(var)) is not None:
                 setattr(cfg, attr, float(v))
         if (v := get("ETJ_RESIZE_POLICY")) is not None:

@@ -177,6 +177,8 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
                 (loss * scale).backward()
             loss_sum += loss.detach().double().cpu()
         opt.step()
+        if cfg.min_step_seconds > 0:
+            time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - t_last)))
         stats = torch.stack([loss_sum, torch.tensor(float(stop.requested), dtype=torch.float64)])
         if dist_on:
             dist.all_reduce(stats)

@@ -1,0 +1,171 @@
+"""``etj-train worker``: a torch elastic agent tuned for fast, safe resizes against an external store.
+
+Equivalent to ``torchrun --nnodes=MIN:MAX --nproc-per-node=N --rdzv-backend=c10d
+--rdzv-endpoint=$ETJ_RDZV_ENDPOINT --rdzv-id=$ETJ_RDZV_ID --max-restarts=<large> --monitor-interval=0.2
+--rdzv-conf is_host=false,last_call_timeout=..,keep_alive_interval=1,keep_alive_max_attempt=3`` with two
+things torchrun cannot do from flags (which is why the agent is built here from torch's own
+``LocalElasticAgent`` rather than by exec'ing torchrun):
+
+* workers are started from a **forkserver that has already imported torch, torchvision, DALI and the
+  trainer**, so a restart after a membership change costs a fork, not seconds of imports;
+* on SIGTERM, after its workers have written their just-in-time checkpoint and exited, the agent **leaves
+  the rendezvous explicitly** (torch's own exit operation), so survivors re-form the world at once instead
+  of waiting for this node's keep-alive to expire. torchrun deliberately does not do this on a signal: it
+  would have to close the rendezvous, which would end the job for everyone.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Preloaded into the forkserver: everything a worker imports before its first step.
+PRELOAD = ["torch", "torch.distributed", "torchvision", "nvidia.dali", "nvidia.dali.plugin.pytorch",
+           "etj_trainer.trainer", "etj_trainer.dali_input", "etj_trainer.agent"]
+
+
+@dataclass
+class AgentConfig:
+    endpoint: str
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int = 1
+    max_restarts: int = 1_000_000  # every membership change is a "restart" to torch elastic
+    monitor_interval: float = 0.2
+    last_call_timeout: int = 1
+    keep_alive_interval: int = 1
+    keep_alive_max_attempt: int = 3
+    join_timeout: int = 600
+    external_store: bool = True  # is_host=false: never host the store in a worker (single point of failure)
+    fast_restart: bool = True  # forkserver start + explicit leave; False = plain torchrun behaviour
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
+        e = os.environ if env is None else env
+        cfg = cls(endpoint=e["ETJ_RDZV_ENDPOINT"], run_id=e.get("ETJ_RDZV_ID", "etj"),
+                  min_nodes=int(e.get("ETJ_MIN_WORKERS", "1")), max_nodes=int(e.get("ETJ_MAX_WORKERS", "1")),
+                  nproc_per_node=int(e.get("ETJ_NPROC_PER_WORKER", "1")))
+        for var, attr in (("ETJ_LAST_CALL_TIMEOUT", "last_call_timeout"),
+                          ("ETJ_KEEP_ALIVE_INTERVAL", "keep_alive_interval")):
+            if e.get(var):
+                setattr(cfg, attr, int(e[var]))
+        if e.get("ETJ_FAST_RESTART", "1") == "0":
+            cfg.fast_restart = False
+        return cfg
+
+    def rdzv_configs(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {"join_timeout": self.join_timeout, "last_call_timeout": self.last_call_timeout,
+                                "keep_alive_interval": self.keep_alive_interval,
+                                "keep_alive_max_attempt": self.keep_alive_max_attempt}
+        if self.external_store:
+            conf["is_host"] = False
+        return conf
+
+    def torchrun_args(self) -> list[str]:
+        """The equivalent torchrun command line (printed for users; the agent below is what runs)."""
+        conf = ",".join(f"{k}={v}" for k, v in self.rdzv_configs().items())
+        return ["torchrun", f"--nnodes={self.min_nodes}:{self.max_nodes}",
+                f"--nproc-per-node={self.nproc_per_node}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}", f"--rdzv-conf={conf}",
+                f"--max-restarts={self.max_restarts}", f"--monitor-interval={self.monitor_interval}"]
+
+
+def worker_entry() -> None:
+    """What each worker process runs (RANK, WORLD_SIZE, MASTER_* come from the agent)."""
+    import torch
+    import torch.distributed as dist
+
+    from etj_trainer.config import TrainConfig
+    from etj_trainer.trainer import EXIT_RESIZE, StopFlag, train
+
+    stop = StopFlag()
+    stop.install()  # first: a SIGTERM during start-up must still end in a checkpoint, not a crash
+    logging.basicConfig(level=os.environ.get("ETJ_LOG_LEVEL", "WARNING"))
+    cfg = TrainConfig.from_env()
+    timeout = timedelta(seconds=int(os.environ.get("ETJ_COLLECTIVE_TIMEOUT_S", "120")))
+    # A bounded collective timeout: a peer that vanished without closing its sockets must not hang the
+    # survivors for torch's default 30 minutes (pytorch#111646).
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+    result = train(cfg, stop)
+    dist.destroy_process_group()
+    if result.stopped_early:
+        if not stop.requested:
+            sys.exit(EXIT_RESIZE)  # a peer is leaving: fail fast so our agent re-rendezvouses now
+        # We were told to stop (our agent is leaving or restarting us). Returning would block in torch's
+        # worker wrapper until the agent reads our return value, which a stopping agent never does; the
+        # checkpoint is already fsynced, so leave at once.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+def _leave_rendezvous(handler: Any) -> None:
+    """Remove this node from the rendezvous participants (torch's exit op; private, hence guarded)."""
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        handler._stop_heartbeats()
+        handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 5.0)
+        print("etj-train worker: left the rendezvous", flush=True)
+    except Exception as e:  # the keep-alive expiry (a few seconds) is the fallback
+        log.warning("could not leave the rendezvous explicitly: %s", e)
+
+
+def run_agent(cfg: AgentConfig) -> int:
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+
+    # Without this, an agent that stays group rank 0 across rounds does not re-publish MASTER_ADDR for the
+    # new round and a joining agent waits forever for it (seen here on a 1->2 scale-up, torch 2.14).
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    start_method = "spawn"
+    if cfg.fast_restart:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()  # pay the imports now, not at the first (re)start
+        start_method = "forkserver"
+    params = RendezvousParameters(backend="c10d", endpoint=cfg.endpoint, run_id=cfg.run_id,
+                                  min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes, **cfg.rdzv_configs())
+    handler = rdzv_registry.get_rendezvous_handler(params)
+    spec = WorkerSpec(role="trainer", local_world_size=cfg.nproc_per_node, entrypoint=worker_entry, args=(),
+                      rdzv_handler=handler, max_restarts=cfg.max_restarts,
+                      monitor_interval=cfg.monitor_interval)
+    agent = LocalElasticAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
+    try:
+        result = agent.run()
+    except SignalException as e:
+        # agent.run() has already SIGTERMed the workers and waited for them (they checkpoint first).
+        if cfg.fast_restart:
+            _leave_rendezvous(handler)
+        return 128 + int(e.sigval)
+    if result.is_failed():
+        for rank, failure in result.failures.items():
+            print(f"etj-train worker: rank {rank} failed: exit {failure.exitcode}", file=sys.stderr)
+        return 1
+    handler.shutdown()  # training finished: close the rendezvous so no one waits for more rounds
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = AgentConfig.from_env()
+    print("etj-train worker: " + " ".join(cfg.torchrun_args()), flush=True)
+    # The agent turns SIGTERM into SignalException itself; make sure SIGINT does the same for laptops.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    return run_agent(cfg)

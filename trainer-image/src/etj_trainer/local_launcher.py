@@ -1,0 +1,141 @@
+"""``etj-train local``: elasticity on a laptop.
+
+Starts ``etj-train store`` and N ``etj-train worker`` agents on loopback (exactly what the operator starts
+as pods), then follows the progress channel and changes membership at given steps. Schedule syntax, comma
+separated ``STEP:ACTION``: ``+K`` start K agents, ``-K`` SIGTERM the K newest agents (a graceful spot
+notice), ``!K`` SIGKILL them (a hard loss). Example: ``--nodes 2 --schedule 20:+1,40:-2,60:+1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from etj_trainer.progress import get_json
+
+
+@dataclass
+class ScheduleEvent:
+    step: int
+    action: str  # "+", "-", "!"
+    count: int
+
+
+def parse_schedule(text: str) -> list[ScheduleEvent]:
+    events = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        step, action = item.split(":", 1)
+        if action[0] not in "+-!":
+            raise ValueError(f"bad schedule action {action!r} (use +K, -K or !K)")
+        events.append(ScheduleEvent(int(step), action[0], int(action[1:] or "1")))
+    return sorted(events, key=lambda e: e.step)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LocalCluster:
+    env: dict[str, str]
+    log_dir: Path
+    store: subprocess.Popen[bytes] | None = None
+    agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    progress_url: str = ""
+    events: list[dict[str, object]] = field(default_factory=list)
+
+    def start_store(self) -> None:
+        port, http_port = free_port(), free_port()
+        self.store = subprocess.Popen(
+            [sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1", "--port", str(port),
+             "--http-port", str(http_port)], stdout=open(self.log_dir / "store.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT)
+        self.env["ETJ_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
+        self.progress_url = self.env["ETJ_PROGRESS_URL"] = f"http://127.0.0.1:{http_port}/progress"
+        deadline = time.monotonic() + 60
+        while get_json(self.progress_url.replace("/progress", "/progress")) is None:
+            if time.monotonic() > deadline or self.store.poll() is not None:
+                raise RuntimeError("etj-train store did not come up; see store.log")
+            time.sleep(0.2)
+
+    def start_agent(self) -> None:
+        i = len(self.agents)
+        env = {**self.env, "ETJ_WORKER_ID": f"worker-{i}"}
+        out = open(self.log_dir / f"worker-{i}.log", "wb")  # noqa: SIM115
+        self.agents.append(subprocess.Popen([sys.executable, "-m", "etj_trainer.cli", "worker"], env=env,
+                                            stdout=out, stderr=subprocess.STDOUT))
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [a for a in self.agents if a.poll() is None]
+
+    def apply(self, ev: ScheduleEvent) -> None:
+        self.events.append({"time": time.time(), "step": ev.step, "action": f"{ev.action}{ev.count}"})
+        print(f"etj-train local: step {ev.step}: {ev.action}{ev.count}", file=sys.stderr, flush=True)
+        if ev.action == "+":
+            for _ in range(ev.count):
+                self.start_agent()
+        else:
+            for a in list(reversed(self.alive()))[: ev.count]:
+                a.send_signal(signal.SIGTERM if ev.action == "-" else signal.SIGKILL)
+
+    def stop(self) -> None:
+        for p in [*self.agents, self.store]:
+            if p is not None and p.poll() is None:
+                p.terminate()
+        for p in [*self.agents, self.store]:
+            if p is not None:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def run_local(nodes: int, schedule: list[ScheduleEvent], train_env: dict[str, str], log_dir: Path,
+              timeout_s: float = 900) -> dict[str, object]:
+    """Run a job; returns the last progress document (plus the applied events)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:12]
+    env = {**os.environ, "ETJ_JOB_NAME": "local", "ETJ_RDZV_ID": run_id, "ETJ_NPROC_PER_WORKER": "1",
+           "ETJ_MIN_WORKERS": "1", "ETJ_MAX_WORKERS": str(max(nodes, 1)), **train_env}
+    env.setdefault("ETJ_CHECKPOINT_DIR", str(log_dir / "checkpoints"))
+    env.setdefault("ETJ_LOCAL_CHECKPOINT_DIR", f"/dev/shm/etj-local-{run_id}")
+    cluster = LocalCluster(env=env, log_dir=log_dir)
+    pending = list(schedule)
+    last: dict[str, object] = {}
+    try:
+        cluster.start_store()
+        for _ in range(nodes):
+            cluster.start_agent()
+        deadline = time.monotonic() + timeout_s
+        while cluster.alive() and time.monotonic() < deadline:
+            doc = get_json(cluster.progress_url) or {}
+            if doc:
+                last = doc
+            step = int(doc.get("step", 0) or 0)
+            while pending and step >= pending[0].step:
+                cluster.apply(pending.pop(0))
+            time.sleep(0.1)
+        last = get_json(cluster.progress_url) or last
+        codes = [a.wait(timeout=60) for a in cluster.agents]
+    finally:
+        cluster.stop()
+        import shutil
+
+        shutil.rmtree(env["ETJ_LOCAL_CHECKPOINT_DIR"], ignore_errors=True)
+    return {**last, "agentExitCodes": codes, "events": cluster.events}
+
+
+def main(nodes: int, schedule: str, train_env: dict[str, str], log_dir: Path) -> int:
+    result = run_local(nodes, parse_schedule(schedule), train_env, log_dir)
+    print(json.dumps(result, indent=2))
+    return 0 if result.get("finished") else 1
