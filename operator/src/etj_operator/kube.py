@@ -126,12 +126,14 @@ class Kube:
             ok=frozenset({404}),
         )
 
-    async def fetch_progress(self, ip: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    async def fetch_progress(
+        self, ip: str, port: int = PROGRESS_PORT, timeout: float = 2.0
+    ) -> dict[str, Any] | None:
         """GET http://<store pod IP>:29401/progress (docs/contract.md); None when unreachable."""
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
         try:
-            async with self._http.get(f"http://{ip}:{PROGRESS_PORT}/progress") as resp:
+            async with self._http.get(f"http://{ip}:{port}/progress") as resp:
                 if resp.status != 200:
                     return None
                 data = json.loads(await resp.text())

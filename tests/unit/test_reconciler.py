@@ -1,0 +1,102 @@
+"""The job loop's bookkeeping with plain objects: expectations over a lagging index, progress fetch."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from threading import Thread
+from typing import Any
+
+from kubernetes import client
+
+from etj_operator.kube import Kube
+from etj_operator.nodepools import NodeInfo
+from etj_operator.podstate import PodInfo
+from etj_operator.reconciler import JobRunner, Settings
+from tests.unit.factories import worker
+
+
+class StaticWorld:
+    """A World whose indices are whatever the test puts in them (an index that lags our writes)."""
+
+    def __init__(self, pods: list[PodInfo]) -> None:
+        self.pods = pods
+
+    def nodes(self) -> Mapping[str, NodeInfo]:
+        return {}
+
+    def node_usage(self) -> Mapping[str, Mapping[str, int]]:
+        return {}
+
+    def deleted_nodes(self) -> Mapping[str, datetime]:
+        return {}
+
+    def job_pods(self, namespace: str, job: str) -> list[PodInfo]:
+        return list(self.pods)
+
+
+def _runner(world: StaticWorld) -> JobRunner:
+    return JobRunner("ns", "train", world, Kube(client.ApiClient()), Settings())
+
+
+def test_created_pods_count_before_the_index_shows_them() -> None:
+    world = StaticWorld([worker(0, "n0")])
+    runner = _runner(world)
+    runner.expect_create["train-worker-1"] = (
+        PodInfo("train-worker-1", "train", "worker", 1),
+        time.monotonic() + 30,
+    )
+    assert sorted(p.name for p in runner._pods()) == ["train-worker-0", "train-worker-1"]
+    world.pods.append(worker(1, "n1"))  # the index caught up: the expectation is dropped
+    assert len(runner._pods()) == 2 and not runner.expect_create
+
+
+def test_deleted_pods_count_as_terminating_until_the_index_agrees() -> None:
+    world = StaticWorld([worker(0, "n0"), worker(1, "n1")])
+    runner = _runner(world)
+    runner.expect_delete["train-worker-1"] = ("u1", time.monotonic() + 30)
+    assert [p.terminating for p in runner._pods()] == [False, True]
+    world.pods = [worker(0, "n0")]
+    runner._pods()
+    assert not runner.expect_delete
+
+
+def test_expectations_expire() -> None:
+    runner = _runner(StaticWorld([]))
+    runner.expect_create["train-worker-5"] = (PodInfo("train-worker-5"), time.monotonic() - 1)
+    assert runner._pods() == []
+
+
+def test_fetch_progress_reads_the_store_endpoint() -> None:
+    payload = {"step": 12, "worldSize": 2}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(payload).encode() if self.path == "/progress" else b"{}"
+            self.send_response(200 if self.path == "/progress" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    Thread(target=server.serve_forever, daemon=True).start()
+    kube = Kube(client.ApiClient())
+
+    async def go() -> tuple[Any, Any]:
+        try:
+            got = await kube.fetch_progress("127.0.0.1", port=server.server_address[1])
+            missing = await kube.fetch_progress("127.0.0.1", port=1, timeout=0.5)
+            return got, missing
+        finally:
+            await kube.close()
+
+    try:
+        assert asyncio.run(go()) == (payload, None)
+    finally:
+        server.shutdown()
