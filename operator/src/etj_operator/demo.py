@@ -1,0 +1,425 @@
+"""`etj demo`: an ElasticTrainingJob rides out a spot interruption on the local control plane.
+
+Everything is real except the machines: the control plane (`etj cluster up`), the operator (`etj operator
+run`), the scheduler's placement, and the trainer, whose worker pods run as local processes on
+process-backed nodes (`localcluster.proclet`). Script: 2 on-demand + 2 spot nodes with one GPU each; the
+job trains; mid-epoch one spot node gets the AWS Node Termination Handler's interruption taint and cordon,
+its machine disappears after the drain; later a new spot node arrives. The live view follows the job's
+status; at the end the final accuracy is printed and a timeline PNG is written. Ctrl-C cleans up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from etj_operator.localcluster import toolchain
+from etj_operator.localcluster.proclet import start_subprocess
+from etj_operator.localcluster.proclet_kube import MERGE, Kube
+from etj_operator.localcluster.proclet_nodes import process_node, selector_for
+
+REPO = Path(__file__).resolve().parents[3]
+GROUP_PATH = "/apis/etj.dev/v1alpha1"
+SPOT_ITN = "aws-node-termination-handler/spot-itn"
+INSTANCE = "demo"
+JSON = dict[str, Any]
+
+
+@dataclass
+class Script:
+    """When the demo interrupts and returns capacity (all in terms of what the job reports)."""
+
+    interrupt_epoch: int = 1  # taint a spot node once training is inside this epoch...
+    interrupt_min_world: int = 4  # ...and this many workers train
+    notice_s: float = 120.0  # AWS gives 120 s; the node goes earlier if its pods are already gone
+    return_after_s: float = 15.0  # new spot capacity this long after the interrupted node is gone
+    timeout_s: float = 1800.0
+
+
+@dataclass
+class DemoResult:
+    status: JSON
+    samples: list[JSON] = field(default_factory=list)  # one per poll: t, world, sps, loss, epoch, step
+    events: list[tuple[float, str]] = field(default_factory=list)  # the demo's own actions
+    run_dir: Path = Path()
+    t0: float = 0.0
+
+    @property
+    def phase(self) -> str | None:
+        return (self.status.get("status") or {}).get("phase")
+
+
+class Demo:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        run_dir: Path,
+        manifest: JSON,
+        script: Script,
+        instance: str = INSTANCE,
+    ) -> None:
+        # `instance` names the nodes and the harness's selector: demos on one cluster stay apart.
+        self.instance = instance
+        self.kubeconfig, self.ns, self.run_dir, self.script = kubeconfig, namespace, run_dir, script
+        self.kube = Kube(str(kubeconfig))
+        self.manifest = manifest
+        self.name: str = manifest["metadata"]["name"]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.nodes: list[str] = []
+        self.result = DemoResult(status={}, run_dir=run_dir)
+
+    # ---- set-up -----------------------------------------------------------------------------
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
+        cmd = [str(toolchain.binary("kubectl")), "--kubeconfig", str(self.kubeconfig), *args]
+        out = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {out.stderr.strip()}")
+        return out.stdout
+
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        crds = REPO / "crds"
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        self.kubectl("create", "namespace", self.ns, check=False)
+        self.kubectl("delete", "etj", self.name, "-n", self.ns, "--ignore-not-found", "--wait=true")
+        self.procs.append(
+            start_subprocess(
+                self.kubeconfig,
+                self.run_dir / "proclet",
+                selector_for(self.instance),
+                log_file=self.run_dir / "proclet.log",
+            )
+        )
+        operator = [
+            sys.executable,
+            "-m",
+            "etj_operator.cli",
+            "operator",
+            "run",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "-n",
+            self.ns,
+            "--metrics-port",
+            "0",
+            "--liveness-port",
+            "0",
+        ]
+        with open(self.run_dir / "operator.log", "ab") as log:
+            self.procs.append(
+                subprocess.Popen(operator, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            )
+        for name, ctype in (
+            ("od-1", "on-demand"),
+            ("od-2", "on-demand"),
+            ("spot-1", "spot"),
+            ("spot-2", "spot"),
+        ):
+            self.add_node(f"{self.instance}-{name}", ctype)
+
+    def add_node(self, name: str, capacity_type: str) -> None:
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump(process_node(name, capacity_type, 1, instance=self.instance)),
+        )
+        self.nodes.append(name)
+
+    def submit(self) -> None:
+        job = copy.deepcopy(self.manifest)
+        job["metadata"]["namespace"] = self.ns
+        spec = job["spec"]
+        # Process nodes share the host's filesystem: a per-run checkpoint directory and sample log.
+        spec.setdefault("checkpoint", {})["path"] = str(self.run_dir / "checkpoints")
+        env = spec["trainer"].setdefault("env", [])
+        env.append({"name": "ETJ_SAMPLE_LOG_DIR", "value": str(self.run_dir / "samples")})
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
+
+    # ---- the script -------------------------------------------------------------------------
+
+    def job(self) -> JSON:
+        path = f"{GROUP_PATH}/namespaces/{self.ns}/elastictrainingjobs/{self.name}"
+        return self.kube.get_or_none(path) or {}
+
+    def event(self, what: str) -> None:
+        self.result.events.append((time.time() - self.result.t0, what))
+        print(f"[{time.time() - self.result.t0:7.1f}s] {what}", flush=True)
+
+    def interrupt(self, node: str) -> None:
+        """What the AWS Node Termination Handler does on a spot interruption notice: taint and cordon."""
+        current = self.kube.get(f"/api/v1/nodes/{node}")
+        taints = [
+            *(current["spec"].get("taints") or []),
+            {"key": SPOT_ITN, "value": "spot-itn", "effect": "NoSchedule"},
+        ]
+        self.kube.patch(f"/api/v1/nodes/{node}", {"spec": {"taints": taints, "unschedulable": True}}, MERGE)
+
+    def worker_nodes(self) -> dict[str, str]:
+        pods = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods", labelSelector=f"etj.dev/job={self.name}")
+        return {
+            p["metadata"]["name"]: p["spec"].get("nodeName", "")
+            for p in pods.get("items") or []
+            if p["metadata"].get("labels", {}).get("etj.dev/role") == "worker"
+        }
+
+    def run(self, live: Live | None = None) -> DemoResult:
+        self.result.t0 = time.time()
+        self.submit()
+        self.event(f"submitted {self.name} to namespace {self.ns}")
+        stage, victim, stage_at, spare = "train", "", 0.0, 3
+        deadline = time.monotonic() + self.script.timeout_s
+        while time.monotonic() < deadline:
+            job = self.job()
+            self.result.status = job
+            status = job.get("status") or {}
+            progress = status.get("progress") or {}
+            self.result.samples.append(
+                {
+                    "t": time.time() - self.result.t0,
+                    "world": status.get("worldSize") or 0,
+                    "sps": progress.get("samplesPerSecond"),
+                    "loss": progress.get("loss"),
+                    "epoch": progress.get("epoch"),
+                    "step": progress.get("step"),
+                }
+            )
+            if live is not None:
+                live.update(job, self.result.events)
+            if status.get("phase") in ("Succeeded", "Failed"):
+                break
+            epoch, world = progress.get("epoch") or 0, status.get("worldSize") or 0
+            # Interrupt at full size; if full size never comes, a epoch later anyway.
+            due = epoch >= self.script.interrupt_epoch and (
+                world >= self.script.interrupt_min_world or epoch > self.script.interrupt_epoch
+            )
+            if stage == "train" and due:
+                spot = [n for n in self.worker_nodes().values() if n.startswith(f"{self.instance}-spot")]
+                if spot:
+                    victim = sorted(spot)[0]
+                    self.interrupt(victim)
+                    stage, stage_at = "notice", time.monotonic()
+                    self.event(f"spot interruption notice on {victim} (taint {SPOT_ITN}:NoSchedule, cordon)")
+            elif stage == "notice":
+                drained = victim not in self.worker_nodes().values()
+                if drained or time.monotonic() - stage_at > self.script.notice_s:
+                    self.kubectl("delete", "node", victim, "--wait=false")
+                    self.nodes.remove(victim)
+                    stage, stage_at = "gone", time.monotonic()
+                    self.event(f"{victim} terminated ({'after the drain' if drained else 'notice expired'})")
+            elif stage == "gone" and time.monotonic() - stage_at > self.script.return_after_s:
+                name = f"{self.instance}-spot-{spare}"
+                self.add_node(name, "spot")
+                stage = "returned"
+                self.event(f"spot capacity is back: {name}")
+            time.sleep(1)
+        return self.result
+
+    # ---- tear-down --------------------------------------------------------------------------
+
+    def cleanup(self, delete_job: bool = True) -> None:
+        if delete_job:
+            self.kubectl(
+                "delete", "etj", self.name, "-n", self.ns, "--ignore-not-found", "--wait=false", check=False
+            )
+        for proc in reversed(self.procs):  # operator first, then the harness (which kills pod processes)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for node in self.nodes:
+            self.kubectl("delete", "node", node, "--wait=false", check=False)
+        self.kube.close()
+
+
+class Live:
+    """A one-screen view of the job's status (rich when on a terminal, a line every few seconds otherwise)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console()
+        self._live: Any = None
+        self._last_line = 0.0
+
+    def __enter__(self) -> Live:
+        if self.console.is_terminal:
+            from rich.live import Live as RichLive
+
+            self._live = RichLive(console=self.console, refresh_per_second=2)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def update(self, job: JSON, events: list[tuple[float, str]]) -> None:
+        rows = view_rows(job)
+        if self._live is not None:
+            from rich.table import Table
+
+            table = Table(
+                title=f"ElasticTrainingJob {job.get('metadata', {}).get('name', '')}", show_header=False
+            )
+            for key, value in rows:
+                table.add_row(key, value)
+            for t, what in events[-4:]:
+                table.add_row(f"{t:6.0f}s", what)
+            self._live.update(table)
+        elif time.monotonic() - self._last_line > 5:
+            self._last_line = time.monotonic()
+            print("  ".join(f"{k}={v}" for k, v in rows), flush=True)
+
+
+def view_rows(job: JSON) -> list[tuple[str, str]]:
+    status = job.get("status") or {}
+    progress = status.get("progress") or {}
+    resizes = status.get("resizeHistory") or []
+    last = resizes[-1] if resizes else None
+
+    def fmt(value: Any, spec: str = "") -> str:
+        return "-" if value is None else format(value, spec)
+
+    resize = "-"
+    if last:
+        pause = fmt(last.get("pauseSeconds"), ".1f")
+        resize = f"{last.get('from')}→{last.get('to')} {last.get('reason', '')} pause {pause}s"
+
+    return [
+        ("phase", fmt(status.get("phase"))),
+        ("workers", fmt(status.get("workers"))),
+        ("world size", fmt(status.get("worldSize"))),
+        ("epoch", fmt(progress.get("epoch"))),
+        ("step", fmt(progress.get("step"))),
+        ("samples/s", fmt(progress.get("samplesPerSecond"), ".1f")),
+        ("loss", fmt(progress.get("loss"), ".4f")),
+        ("last resize", resize),
+    ]
+
+
+def write_timeline(result: DemoResult, path: Path) -> Path:
+    """World size, samples/s and loss against time, with resizes and the demo's actions marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    samples = result.samples
+    t = [s["t"] for s in samples]
+    fig, axes = plt.subplots(3, 1, sharex=True, figsize=(10, 7))
+    series = (("world size", "world", "steps-post"), ("samples/s", "sps", None), ("loss", "loss", None))
+    for ax, (label, key, draw) in zip(axes, series, strict=True):
+        points = [(x, s[key]) for x, s in zip(t, samples, strict=True) if s[key] is not None]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, drawstyle=draw or "default")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    for resize in (result.status.get("status") or {}).get("resizeHistory") or []:
+        when = _seconds(resize.get("time"), result.t0)
+        if when is None:
+            continue
+        for ax in axes:
+            ax.axvline(
+                when,
+                color="tab:red" if resize.get("to", 0) < resize.get("from", 0) else "tab:green",
+                linestyle="--",
+                alpha=0.7,
+            )
+        axes[0].annotate(
+            f"{resize.get('from')}→{resize.get('to')} {resize.get('reason', '')}",
+            (when, 0.2),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=7,
+            va="bottom",
+        )
+    for when, what in result.events:
+        axes[-1].axvline(when, color="grey", linestyle=":", alpha=0.6)
+        axes[-1].annotate(
+            what[:40], (when, 0.95), xycoords=("data", "axes fraction"), rotation=90, fontsize=6, va="top"
+        )
+    axes[-1].set_xlabel("seconds since submission")
+    fig.suptitle("etj demo: spot interruption and return")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _seconds(stamp: str | None, t0: float) -> float | None:
+    if not stamp:
+        return None
+    with contextlib.suppress(ValueError):
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - t0
+    return None
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="etj demo", description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--kubeconfig", type=Path, help="use this cluster instead of starting the local one")
+    p.add_argument("--namespace", default="etj-demo")
+    p.add_argument("--manifest", type=Path, default=REPO / "examples" / "demo-cpu.yaml")
+    p.add_argument("--timeline", type=Path, default=REPO / "docs" / "demo-timeline.png")
+    p.add_argument(
+        "--run-dir", type=Path, help="logs, checkpoints, sample logs (default: a new dir in the cache)"
+    )
+    p.add_argument("--interrupt-epoch", type=int, default=Script.interrupt_epoch)
+    p.add_argument("--return-after", type=float, default=Script.return_after_s, help="seconds")
+    p.add_argument("--timeout", type=float, default=Script.timeout_s, help="seconds")
+    p.add_argument(
+        "--keep", action="store_true", help="leave the job (not the processes) in place at the end"
+    )
+    return p.parse_args(argv)
+
+
+def run_demo(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.kubeconfig is None:
+        from etj_operator.localcluster.cluster import LocalCluster
+
+        print("starting the local control plane (first run builds it; see README)…", file=sys.stderr)
+        args.kubeconfig = LocalCluster.named().up()
+    run_dir = args.run_dir or toolchain.cache_root() / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    manifest = yaml.safe_load(args.manifest.read_text())
+    script = Script(args.interrupt_epoch, return_after_s=args.return_after, timeout_s=args.timeout)
+    demo = Demo(args.kubeconfig, args.namespace, run_dir, manifest, script)
+    print(f"run directory: {run_dir} (operator.log, proclet.log, pods/*/*.log)", file=sys.stderr)
+    try:
+        demo.start()
+        with Live() as live:
+            result = demo.run(live)
+    except KeyboardInterrupt:
+        print("\ninterrupted: cleaning up", file=sys.stderr)
+        return 130
+    finally:
+        demo.cleanup(delete_job=not args.keep)
+    status = result.status.get("status") or {}
+    accuracy = (status.get("progress") or {}).get("accuracy")
+    print(f"\njob {result.phase}; final accuracy: {'-' if accuracy is None else f'{accuracy:.4f}'}")
+    for r in status.get("resizeHistory") or []:
+        print(
+            f"  resize {r.get('from')}→{r.get('to')} {r.get('reason')}: pause {r.get('pauseSeconds')} s, "
+            f"steps lost {r.get('stepsLost')}"
+        )
+    print(f"timeline: {write_timeline(result, args.timeline)}")
+    return 0 if result.phase == "Succeeded" else 1

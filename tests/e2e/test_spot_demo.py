@@ -1,0 +1,113 @@
+"""End to end: the demo's spot interruption and return, against a fixed-size run of the same job.
+
+Runs on the local control plane by default; set ETJ_E2E_KUBECONFIG to run it on another cluster (kind,
+say): the operator, the process-node harness and the worker processes still run on this machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from etj_operator.demo import Demo, DemoResult, Script, write_timeline
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+REPO = Path(__file__).resolve().parents[2]
+EPOCHS = int(os.environ.get("ETJ_E2E_EPOCHS", "8"))  # long enough for an interruption and a return
+ACCURACY_POINTS = 0.5
+
+
+@pytest.fixture(scope="module")
+def kubeconfig(request: pytest.FixtureRequest) -> Path:
+    other = os.environ.get("ETJ_E2E_KUBECONFIG")
+    if other:
+        return Path(other)
+    cluster = request.getfixturevalue("cluster")
+    return Path(cluster.kubeconfig)
+
+
+def _manifest(**replicas: int) -> dict[str, Any]:
+    job: dict[str, Any] = yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())
+    job = copy.deepcopy(job)
+    job["spec"]["training"]["epochs"] = EPOCHS
+    job["spec"]["replicas"].update(replicas)
+    return job
+
+
+def _run(kubeconfig: Path, run_dir: Path, manifest: dict[str, Any], script: Script, tag: str) -> DemoResult:
+    suffix = uuid.uuid4().hex[:5]
+    demo = Demo(kubeconfig, f"e2e-{tag}-{suffix}", run_dir, manifest, script, instance=f"e2e{tag}{suffix}")
+    try:
+        demo.start()
+        result = demo.run()
+    finally:
+        demo.cleanup(delete_job=True)
+    write_timeline(result, run_dir / "timeline.png")  # kept with the logs for whoever debugs a failure
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(
+    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[DemoResult, DemoResult]]:
+    elastic = _run(kubeconfig, tmp_path_factory.mktemp("elastic"), _manifest(), Script(timeout_s=1500), "el")
+    # Same job, same seed, never resized: the reference for accuracy and for the samples of each epoch.
+    never = Script(interrupt_epoch=10**6, timeout_s=1500)
+    fixed = _run(kubeconfig, tmp_path_factory.mktemp("fixed"), _manifest(min=2, max=2), never, "fx")
+    yield elastic, fixed
+
+
+def _status(result: DemoResult) -> dict[str, Any]:
+    return result.status.get("status") or {}
+
+
+def test_both_jobs_succeed(runs: tuple[DemoResult, DemoResult]) -> None:
+    elastic, fixed = runs
+    assert elastic.phase == "Succeeded", (elastic.run_dir, _status(elastic))
+    assert fixed.phase == "Succeeded", (fixed.run_dir, _status(fixed))
+
+
+def test_interruption_and_scale_up_are_recorded_with_reasons_and_pauses(
+    runs: tuple[DemoResult, DemoResult],
+) -> None:
+    elastic, _ = runs
+    assert [what for _, what in elastic.events if "interruption" in what], elastic.events
+    history = _status(elastic).get("resizeHistory") or []
+    downs = [r for r in history if r["to"] < r["from"]]
+    ups = [r for r in history if r["to"] > r["from"] >= 1]
+    assert downs and ups, history
+    for resize in (downs[0], ups[-1]):
+        assert resize.get("reason"), resize
+        assert resize.get("pauseSeconds") is not None, resize
+    assert any("Spot" in r["reason"] or "Interrupt" in r["reason"] for r in downs), downs
+
+
+def test_every_sample_is_seen_exactly_once_per_epoch(runs: tuple[DemoResult, DemoResult]) -> None:
+    from etj_trainer.sample_log import consumed_per_epoch
+
+    elastic, fixed = runs
+    got = consumed_per_epoch(elastic.run_dir / "samples")
+    want = consumed_per_epoch(fixed.run_dir / "samples")
+    assert sorted(got) == list(range(EPOCHS)) == sorted(want)
+    for epoch in range(EPOCHS):
+        duplicates = [i for i, n in Counter(got[epoch]).items() if n > 1]
+        assert not duplicates, f"epoch {epoch}: samples trained twice: {duplicates[:20]}"
+        assert sorted(got[epoch]) == sorted(want[epoch]), f"epoch {epoch}: samples skipped or extra"
+
+
+def test_final_accuracy_matches_a_fixed_size_run(runs: tuple[DemoResult, DemoResult]) -> None:
+    elastic, fixed = runs
+    acc = [(_status(r).get("progress") or {}).get("accuracy") for r in (elastic, fixed)]
+    assert None not in acc, acc
+    # The trainer may report a fraction or a percentage.
+    points = [float(a) * 100 if float(a) <= 1 else float(a) for a in acc if a is not None]
+    assert abs(points[0] - points[1]) <= ACCURACY_POINTS, f"elastic {points[0]:.2f} vs fixed {points[1]:.2f}"
