@@ -1,0 +1,33 @@
+"""End to end on loopback: etj-train store + worker agents, scaled 2 -> 1 -> 2 by the local launcher."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from etj_trainer.local_launcher import parse_schedule, run_local
+from etj_trainer.sample_log import consumed_per_epoch
+
+
+def test_parse_schedule() -> None:
+    evs = parse_schedule("40:-1, 10:+2,70:!1")
+    assert [(e.step, e.action, e.count) for e in evs] == [(10, "+", 2), (40, "-", 1), (70, "!", 1)]
+    with pytest.raises(ValueError):
+        parse_schedule("10:*1")
+
+
+@pytest.mark.slow
+def test_scale_down_and_up_keeps_exactly_once(tmp_path: Path) -> None:
+    samples = tmp_path / "samples"
+    env = {"ETJ_DATA": "digits-tensor", "ETJ_VAL_DATA": "digits-tensor", "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+           "ETJ_EPOCHS": "2", "ETJ_GLOBAL_BATCH_SIZE": "32", "ETJ_MICRO_BATCH_SIZE": "16",
+           "ETJ_MIN_STEP_SECONDS": "0.1", "ETJ_SAMPLE_LOG_DIR": str(samples), "ETJ_MAX_WORKERS": "2"}
+    result = run_local(2, parse_schedule("20:-1,40:+1"), env, tmp_path / "logs", timeout_s=600)
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1), (1, 2)]  # type: ignore[index]
+    assert isinstance(result.get("accuracy"), float) and result["accuracy"] > 0.8  # type: ignore[operator]
+    per_epoch = consumed_per_epoch(samples)
+    assert sorted(per_epoch) == [0, 1]
+    for ids in per_epoch.values():
+        assert sorted(ids) == list(range(1438))  # every training sample exactly once per epoch

@@ -1,0 +1,82 @@
+"""Real processes, real signals: just-in-time checkpoint on SIGTERM; the store's progress server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from etj_trainer.checkpoint import list_checkpoints, load_latest
+from etj_trainer.local_launcher import free_port
+from etj_trainer.progress import get_json, post_json
+
+TRAIN_ARGS = ["--data", "digits-tensor", "--model", "etj_trainer.models:tiny_mlp", "--epochs", "50",
+              "--global-batch-size", "32", "--min-step-seconds", "0.05"]
+
+
+def _wait_for(pred, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.1)
+
+
+def test_sigterm_writes_checkpoint_at_next_step_boundary(tmp_path: Path) -> None:
+    shared, local = tmp_path / "ckpt", tmp_path / "shm"
+    env = {**os.environ, "ETJ_LOCAL_CHECKPOINT_DIR": str(local)}
+    # Shared checkpoints only every 10,000 steps: any shared checkpoint we find was written because of
+    # the signal.
+    proc = subprocess.Popen([sys.executable, "-m", "etj_trainer.cli", "train", *TRAIN_ARGS,
+                             "--checkpoint-dir", str(shared), "--checkpoint-interval-steps", "10000"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: len(list_checkpoints(local)) > 0 and list_checkpoints(local)[0][0] >= 5)
+        assert list_checkpoints(shared) == []
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out.decode()[-2000:]
+    saved = load_latest(shared)
+    newest_local = load_latest(local)
+    assert saved is not None and newest_local is not None
+    assert saved.step == newest_local.step >= 5  # the just-in-time copy is the last completed step
+    assert saved.state["sampler"]["consumed"] == saved.step * 32  # still inside epoch 0 (44 steps)
+    assert b"ETJ_RESULT" not in out  # it stopped early, it did not "finish"
+
+
+def test_store_serves_progress_and_tcpstore(tmp_path: Path) -> None:
+    port, http_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1",
+                             "--port", str(port), "--http-port", str(http_port)])
+    url = f"http://127.0.0.1:{http_port}/progress"
+    try:
+        _wait_for(lambda: get_json(url) is not None)
+        assert get_json(url) == {}
+        post_json(url, {"step": 7, "worldSize": 2, "resizes": [{"from": 2, "to": 1}]})
+        assert get_json(url) == {"step": 7, "worldSize": 2, "resizes": [{"from": 2, "to": 1}]}
+        req = urllib.request.Request(url, data=b"[1]", method="POST")
+        try:
+            urllib.request.urlopen(req, timeout=5)
+            raise AssertionError("a non-object body must be rejected")
+        except urllib.error.HTTPError as e:
+            assert e.code == 400
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+        assert urllib.request.urlopen(url.replace("progress", "healthz")).read() == b"ok"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0
