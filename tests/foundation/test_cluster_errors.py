@@ -54,7 +54,9 @@ def _processes_under(root: Path) -> list[int]:
 @pytest.mark.cluster
 def test_a_component_that_will_not_start_leaves_nothing_running(cluster: object) -> None:
     # `cluster` only guarantees the binaries are built; this test runs its own cluster on other ports.
-    broken = LocalCluster.named("etj-broken-test", port_base=int(os.environ.get("ETJ_TEST_BROKEN_BASE", 17400)))
+    broken = LocalCluster.named(
+        "etj-broken-test", port_base=int(os.environ.get("ETJ_TEST_BROKEN_BASE", 17400))
+    )
     broken.down()
     pki = LocalPKI(broken.layout.pki)
     pki.ensure()
@@ -72,8 +74,13 @@ def test_a_component_that_will_not_start_leaves_nothing_running(cluster: object)
 
 def test_cli_reports_errors_in_one_line_without_a_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "ETJ_CACHE_DIR": str(tmp_path), "PATH": "/nonexistent"}
-    result = subprocess.run([sys.executable, "-m", "etj_operator.cli", "cluster", "up"],
-                            capture_output=True, text=True, env=env, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "etj_operator.cli", "cluster", "up"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "etj: error: the Go toolchain is not on PATH" in result.stderr

@@ -1,4 +1,4 @@
-"""The local control plane is real: apiserver ready, pinned version, scheduler + kwok run GPU pods, RBAC on."""
+"""The local control plane is real: apiserver, pinned version, scheduler + kwok run GPU pods, RBAC."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 import yaml
+from tests.plugins.cluster import Cluster
 
 from etj_operator.localcluster.nodes import fake_gpu_node
 from etj_operator.localcluster.toolchain import KUBERNETES_VERSION
-from tests.plugins.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -22,8 +22,11 @@ def _gpu_pod(name: str, gpus: int) -> dict[str, object]:
         "metadata": {"name": name},
         "spec": {
             "containers": [
-                {"name": "main", "image": "trainer:local",
-                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+                {
+                    "name": "main",
+                    "image": "trainer:local",
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                }
             ],
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         },
@@ -49,7 +52,9 @@ def test_all_control_plane_components_are_healthy(cluster: Cluster) -> None:
     assert "[+]poststarthook/rbac/bootstrap-roles ok" in checks
 
 
-def test_gpu_pod_is_bound_by_the_scheduler_to_a_kwok_gpu_node_and_runs(cluster: Cluster, namespace: str) -> None:
+def test_gpu_pod_is_bound_by_the_scheduler_to_a_kwok_gpu_node_and_runs(
+    cluster: Cluster, namespace: str
+) -> None:
     gpu_node = f"{namespace}-gpu"
     cpu_node = f"{namespace}-cpu"
     nodes = [fake_gpu_node(gpu_node, "spot", gpus=1), fake_gpu_node(cpu_node, "on-demand", gpus=0)]
@@ -57,9 +62,12 @@ def test_gpu_pod_is_bound_by_the_scheduler_to_a_kwok_gpu_node_and_runs(cluster: 
     try:
         cluster.wait_for(
             "kwok to mark the GPU node Ready",
-            lambda: "True" in cluster.kubectl(
-                "get", "node", gpu_node, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
-            ).stdout,
+            lambda: (
+                "True"
+                in cluster.kubectl(
+                    "get", "node", gpu_node, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+                ).stdout
+            ),
         )
         cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(_gpu_pod("train", 1)))
         cluster.wait_for(
@@ -73,8 +81,8 @@ def test_gpu_pod_is_bound_by_the_scheduler_to_a_kwok_gpu_node_and_runs(cluster: 
             "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=train", "-o", "json"
         ).stdout
         assert any(
-            e["reason"] == "Scheduled" and e.get("reportingComponent", e.get("source", {}).get("component"))
-            in ("default-scheduler",)
+            e["reason"] == "Scheduled"
+            and e.get("reportingComponent", e.get("source", {}).get("component")) in ("default-scheduler",)
             for e in json.loads(events)["items"]
         )
         # A second GPU pod does not fit: the real scheduler's resource accounting keeps it Pending.
@@ -90,7 +98,12 @@ def test_gpu_pod_is_bound_by_the_scheduler_to_a_kwok_gpu_node_and_runs(cluster: 
 
 def test_rbac_and_service_account_tokens_are_enforced(cluster: Cluster, namespace: str) -> None:
     sa = f"system:serviceaccount:{namespace}:default"
-    assert cluster.kubectl("auth", "can-i", "list", "pods", "-n", namespace, "--as", sa, check=False).stdout.strip() == "no"
+    assert (
+        cluster.kubectl(
+            "auth", "can-i", "list", "pods", "-n", namespace, "--as", sa, check=False
+        ).stdout.strip()
+        == "no"
+    )
     token = cluster.kubectl("create", "token", "default", "-n", namespace).stdout.strip()
     assert token.count(".") == 2  # a signed JWT from the TokenRequest API
     # The token authenticates (whoami answers with the SA) but RBAC forbids listing pods.
@@ -99,18 +112,31 @@ def test_rbac_and_service_account_tokens_are_enforced(cluster: Cluster, namespac
     assert json.loads(who.stdout)["status"]["userInfo"]["username"] == sa
     denied = cluster.kubectl("get", "pods", "-n", namespace, "--token", token, check=False)
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
-    cluster.kubectl("create", "rolebinding", "view", "--clusterrole=view", f"--serviceaccount={namespace}:default",
-                    "-n", namespace)
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "view",
+        "--clusterrole=view",
+        f"--serviceaccount={namespace}:default",
+        "-n",
+        namespace,
+    )
     cluster.wait_for(
         "the RoleBinding to take effect",
-        lambda: cluster.kubectl("get", "pods", "-n", namespace, "--token", token, check=False).returncode == 0,
+        lambda: (
+            cluster.kubectl("get", "pods", "-n", namespace, "--token", token, check=False).returncode == 0
+        ),
     )
 
 
 def test_cluster_up_is_idempotent(cluster: Cluster) -> None:
     import sys
 
-    again = subprocess.run([sys.executable, "-m", "etj_operator.cli", "cluster", "up"],
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        [sys.executable, "-m", "etj_operator.cli", "cluster", "up"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip().splitlines()[-1] == str(cluster.kubeconfig)

@@ -55,12 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="etj", description="ElasticTrainingJob: elastic PyTorch on K8s")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    cluster = sub.add_parser("cluster", help="the local control plane (etcd, apiserver, kcm, scheduler, kwok)")
+    cluster = sub.add_parser(
+        "cluster", help="the local control plane (etcd, apiserver, kcm, scheduler, kwok)"
+    )
     cluster.add_argument("action", choices=["build", "up", "down", "status"])
     cluster.add_argument("--name", default=None, help="cluster name (default $ETJ_CLUSTER_NAME or 'etj')")
     cluster.add_argument("--keep-data", action="store_true", help="down: keep etcd data and certificates")
 
-    sub.add_parser("operator", help="run the operator: `etj operator run [--namespace NS] ...`", add_help=False)
+    sub.add_parser(
+        "operator", help="run the operator: `etj operator run [--namespace NS] ...`", add_help=False
+    )
     sub.add_parser("crd", help="`etj crd generate`: write crds/ from the pydantic models", add_help=False)
     sub.add_parser("demo", help="the end-to-end spot-interruption demo on the local cluster", add_help=False)
     return parser

@@ -7,6 +7,7 @@ never leaves half-started processes behind.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,20 +55,33 @@ class LocalCluster:
 
     # ---- public API -------------------------------------------------------------------------
 
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        # Tests, the demo and a user's shell may all call `up` at once: one at a time per cluster.
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        with open(self.layout.root.parent / f".{self.layout.root.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
     def up(self) -> Path:
         """Make sure the cluster runs; return the admin kubeconfig path."""
         toolchain.ensure_built()
+        with self._lock():
+            return self._up_locked()
+
+    def _up_locked(self) -> Path:
         if self.healthy():
             return self.layout.kubeconfig
-        self.down(keep_data=True)  # a partial cluster from a crash: clean processes, keep data
+        self._down_locked(keep_data=True)  # a partial cluster from a crash: clean processes, keep data
         self._check_ports_free()
         self._write_credentials()
         started: dict[str, int] = {}
         try:
             for comp in components(self.layout):
-                started[comp.name] = self._start(comp)
+                proc = self._start(comp)
+                started[comp.name] = proc.pid
                 self._save_state(started)
-                self._wait_ready(comp, started[comp.name])
+                self._wait_ready(comp, proc)
             self._wait_default_service_account()
         except BaseException:
             self._stop_pids(started)
@@ -74,6 +90,10 @@ class LocalCluster:
         return self.layout.kubeconfig
 
     def down(self, keep_data: bool = False) -> None:
+        with self._lock():
+            self._down_locked(keep_data)
+
+    def _down_locked(self, keep_data: bool) -> None:
         state = self._load_state()
         self._stop_pids(state.get("pids", {}))
         self.state_file.unlink(missing_ok=True)
@@ -116,7 +136,7 @@ class LocalCluster:
                         "or run `etj cluster down`, or pick other ports with ETJ_CLUSTER_PORT_BASE=<n>"
                     ) from None
 
-    def _start(self, comp: Component) -> int:
+    def _start(self, comp: Component) -> subprocess.Popen[bytes]:
         self.layout.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.layout.logs / f"{comp.name}.log", "ab")  # noqa: SIM115 - child owns it
         try:
@@ -133,12 +153,13 @@ class LocalCluster:
             raise ClusterError(f"{comp.name} could not be started ({exc}); try `etj cluster build`") from exc
         finally:
             log.close()
-        return proc.pid
+        return proc
 
-    def _wait_ready(self, comp: Component, pid: int) -> None:
+    def _wait_ready(self, comp: Component, proc: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            if not _alive(pid, comp.name):
+            # poll(), not /proc: right after fork the child's cmdline is still Python's.
+            if proc.poll() is not None:
                 raise ClusterError(
                     f"{comp.name} exited during start-up; see {self.layout.logs / comp.name}.log:\n"
                     + self._log_tail(comp.name)
@@ -157,8 +178,18 @@ class LocalCluster:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
             result = subprocess.run(
-                [kubectl, "--kubeconfig", str(self.layout.kubeconfig), "get", "serviceaccount", "default",
-                 "-n", "default", "-o", "name"],
+                [
+                    kubectl,
+                    "--kubeconfig",
+                    str(self.layout.kubeconfig),
+                    "get",
+                    "serviceaccount",
+                    "default",
+                    "-n",
+                    "default",
+                    "-o",
+                    "name",
+                ],
                 capture_output=True,
                 text=True,
             )
@@ -216,7 +247,9 @@ class LocalCluster:
                     },
                 }
             ],
-            "users": [{"name": user, "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)}}],
+            "users": [
+                {"name": user, "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)}}
+            ],
             "contexts": [{"name": "etj-local", "context": {"cluster": "etj-local", "user": user}}],
             "current-context": "etj-local",
         }
@@ -246,7 +279,9 @@ class LocalCluster:
         try:
             with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
                 body: str = resp.read().decode().strip()
-                return "ok" if resp.status == 200 and body in ("ok", '{"health":"true","reason":""}') else body
+                return (
+                    "ok" if resp.status == 200 and body in ("ok", '{"health":"true","reason":""}') else body
+                )
         except (urllib.error.URLError, OSError, ssl.SSLError):
             return None
 

@@ -154,9 +154,9 @@ def components(layout: Layout) -> list[Component]:
             [
                 str(toolchain.binary("kwok")),
                 f"--kubeconfig={kc('kwok')}",
+                f"--config={toolchain.kwok_stages()}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}",
-                "--disregard-status-with-annotation-selector=kwok.x-k8s.io/status=custom",
                 "--cidr=10.244.0.1/16",
                 "--node-ip=127.0.0.1",
                 f"--server-address=127.0.0.1:{p['kwok']}",

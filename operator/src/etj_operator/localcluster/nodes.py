@@ -10,10 +10,14 @@ from typing import Any
 
 # Capacity-type labels as each provider writes them (see docs/operator.md).
 CAPACITY_LABELS: dict[str, dict[str, dict[str, str]]] = {
-    "eks": {"spot": {"eks.amazonaws.com/capacityType": "SPOT"},
-            "on-demand": {"eks.amazonaws.com/capacityType": "ON_DEMAND"}},
-    "karpenter": {"spot": {"karpenter.sh/capacity-type": "spot"},
-                  "on-demand": {"karpenter.sh/capacity-type": "on-demand"}},
+    "eks": {
+        "spot": {"eks.amazonaws.com/capacityType": "SPOT"},
+        "on-demand": {"eks.amazonaws.com/capacityType": "ON_DEMAND"},
+    },
+    "karpenter": {
+        "spot": {"karpenter.sh/capacity-type": "spot"},
+        "on-demand": {"karpenter.sh/capacity-type": "on-demand"},
+    },
     "gke": {"spot": {"cloud.google.com/gke-spot": "true"}, "on-demand": {}},
     "aks": {"spot": {"kubernetes.azure.com/scalesetpriority": "spot"}, "on-demand": {}},
 }

@@ -83,9 +83,15 @@ class LocalPKI:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                    key_encipherment=False, data_encipherment=False, key_agreement=False,
-                    encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -103,9 +109,11 @@ class LocalPKI:
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
         key = _key()
         now = dt.datetime.now(dt.UTC)
-        usage = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server else [
-            ExtendedKeyUsageOID.CLIENT_AUTH
-        ]
+        usage = (
+            [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            if server
+            else [ExtendedKeyUsageOID.CLIENT_AUTH]
+        )
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(cn, org))

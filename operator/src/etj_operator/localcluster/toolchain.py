@@ -24,6 +24,7 @@ from etj_operator.localcluster.errors import ClusterError
 
 TOOLCHAIN_DIR = Path(__file__).with_name("toolchain")
 KUBERNETES_VERSION = "v1.36.3"
+HELM_VERSION = "v3.21.4"  # must match helm.sh/helm/v3 in toolchain/go.mod (a test checks)
 # Go names the binary of a `.../v3` package after the element before the version suffix.
 BINARIES = {
     "kube-apiserver": "kube-apiserver",
@@ -38,6 +39,23 @@ BINARIES = {
 Progress = Callable[[str], None]
 
 
+def _ldflags() -> str:
+    # What hack/lib/version.sh stamps, so `kubectl version` reports the real release, not v0.0.0-master.
+    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+    stamps = {
+        "gitVersion": KUBERNETES_VERSION,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",  # fixed: identical inputs give identical binaries
+    }
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/client-go/pkg/version", "k8s.io/component-base/version"):
+        flags += [f"-X {pkg}.{key}={value}" for key, value in stamps.items()]
+    flags.append(f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}")
+    return " ".join(flags)
+
+
 def cache_root() -> Path:
     base = os.environ.get("ETJ_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "etj"
@@ -46,7 +64,7 @@ def cache_root() -> Path:
 
 
 def toolchain_key() -> str:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(_ldflags().encode())
     for name in ("go.mod", "go.sum"):
         digest.update((TOOLCHAIN_DIR / name).read_bytes())
     return f"k8s-{KUBERNETES_VERSION}-{digest.hexdigest()[:12]}"
@@ -58,6 +76,20 @@ def bin_dir() -> Path:
 
 def binary(name: str) -> Path:
     return bin_dir() / BINARIES[name]
+
+
+# kwok ships its default behaviours as Stage manifests in its module, not in the binary.
+KWOK_STAGES = [
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat/node-heartbeat.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+]
+
+
+def kwok_stages() -> Path:
+    return bin_dir().parent / "kwok-stages.yaml"
 
 
 def is_built() -> bool:
@@ -79,13 +111,31 @@ def _print_progress(message: str) -> None:
 
 def ensure_built(progress: Progress = _print_progress) -> Path:
     """Return the cached bin dir, building it first if needed (with progress on stderr)."""
-    if is_built():
+    if is_built() and kwok_stages().exists():
         return bin_dir()
     with _build_lock():
-        if is_built():  # another process finished the build while we waited for the lock
-            return bin_dir()
-        _build(progress)
+        if not is_built():  # another process may have finished the build while we waited
+            _build(progress)
+        if not kwok_stages().exists():
+            _write_kwok_stages()
     return bin_dir()
+
+
+def _write_kwok_stages() -> None:
+    work = bin_dir().parent
+    env = {**os.environ, "GOFLAGS": "-mod=mod"}
+    kwok_dir = _run_checked(
+        [_go(), "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], TOOLCHAIN_DIR, env, "go list -m"
+    ).strip()
+    if not kwok_dir:  # not in the module cache (cleaned since the build): fetch it again
+        _run_checked([_go(), "mod", "download", "sigs.k8s.io/kwok"], TOOLCHAIN_DIR, env, "go mod download")
+        kwok_dir = _run_checked(
+            [_go(), "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], TOOLCHAIN_DIR, env, "go list -m"
+        ).strip()
+    docs = [(Path(kwok_dir) / rel).read_text().strip() for rel in KWOK_STAGES]
+    tmp = work / "kwok-stages.yaml.tmp"
+    tmp.write_text("\n---\n".join(docs) + "\n")
+    tmp.replace(kwok_stages())
 
 
 def _go() -> str:
@@ -121,12 +171,13 @@ def _build(progress: Progress) -> None:
         progress(f"etj: step 2/2: compiling {total} packages into {len(BINARIES)} binaries")
         out = work / "bin"
         out.mkdir()
-        cmd = [go, "build", "-v", "-trimpath", "-ldflags=-s -w", "-o", str(out) + "/", "tool"]
+        cmd = [go, "build", "-v", "-trimpath", f"-ldflags={_ldflags()}", "-o", str(out) + "/", "tool"]
         proc = subprocess.Popen(
             cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         assert proc.stdout is not None
-        done, last_report, tail = 0, 0.0, []
+        done, last_report = 0, 0.0
+        tail: list[str] = []
         for line in proc.stdout:
             tail = [*tail[-40:], line.rstrip()]
             if line.startswith(("#", "go:")) or " " in line.strip():
