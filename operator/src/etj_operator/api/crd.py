@@ -155,7 +155,8 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object (etj.dev/v1alpha1)."},
             "kind": {"type": "string", "description": "Kind of this object (ElasticTrainingJob)."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # The apiserver forbids anything but `type` here (ObjectMeta is implicit; explain documents it).
+            "metadata": {"type": "object"},
             "spec": _section(m.ElasticTrainingJobSpec, "Desired state of the training job."),
             "status": _section(ElasticTrainingJobStatus, "Observed state, written by the operator."),
         },
