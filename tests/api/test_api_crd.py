@@ -101,8 +101,9 @@ def test_schema_is_structural() -> None:
 
 
 def test_every_field_has_a_description() -> None:
+    # `.metadata` is the one exception: the apiserver forbids a description there (ObjectMeta is implicit).
     missing = [path for path, node in _fields(_schema()) if not node.get("description", "").strip()]
-    assert not missing
+    assert missing == [".metadata"]
     assert sum(1 for _ in _fields(_schema()["properties"]["spec"])) > 60
 
 
