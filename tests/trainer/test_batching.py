@@ -18,8 +18,8 @@ def test_micro_batches_respect_the_limit() -> None:
 
 @pytest.mark.parametrize("world", [1, 2, 3, 5])
 def test_weighted_uneven_shares_equal_single_process_gradient(world: int) -> None:
-    """Sum over ranks of (rank's summed-loss gradient * scale) / world == full-batch mean-loss gradient,
-    i.e. what DDP's averaging produces equals the single-process update, for uneven shares and micro-batches."""
+    """Sum over ranks of (rank's summed-loss gradient * scale) / world == full-batch mean gradient: what
+    DDP's averaging produces equals the single-process update, for uneven shares and micro-batches."""
     torch.manual_seed(0)
     model = nn.Linear(5, 3).double()
     x, y = torch.randn(13, 5, dtype=torch.float64), torch.randint(0, 3, (13,))

@@ -77,8 +77,13 @@ def test_trainer_resumes_from_previous_good_checkpoint(tiny_cfg: TrainConfig, tm
     p40.write_bytes(p40.read_bytes()[:-100])  # a partial newest checkpoint
     log_dir = tmp_path / "samples"
     resumed = train(replace(cfg, max_steps=45, sample_log_dir=log_dir))
-    steps = sorted({int(line.split('"step": ')[1].split(",")[0])
-                    for f in log_dir.iterdir() for line in f.read_text().splitlines()})
+    steps = sorted(
+        {
+            int(line.split('"step": ')[1].split(",")[0])
+            for f in log_dir.iterdir()
+            for line in f.read_text().splitlines()
+        }
+    )
     assert steps == list(range(21, 46))  # resumed after step 20, not from the corrupt 40 nor from 0
     straight = train(replace(cfg, max_steps=45, checkpoint_dir=tmp_path / "other"))
     for k, v in straight.params.items():

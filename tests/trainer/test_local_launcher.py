@@ -20,9 +20,17 @@ def test_parse_schedule() -> None:
 @pytest.mark.slow
 def test_scale_down_and_up_keeps_exactly_once(tmp_path: Path) -> None:
     samples = tmp_path / "samples"
-    env = {"ETJ_DATA": "digits-tensor", "ETJ_VAL_DATA": "digits-tensor", "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
-           "ETJ_EPOCHS": "2", "ETJ_GLOBAL_BATCH_SIZE": "32", "ETJ_MICRO_BATCH_SIZE": "16",
-           "ETJ_MIN_STEP_SECONDS": "0.1", "ETJ_SAMPLE_LOG_DIR": str(samples), "ETJ_MAX_WORKERS": "2"}
+    env = {
+        "ETJ_DATA": "digits-tensor",
+        "ETJ_VAL_DATA": "digits-tensor",
+        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_EPOCHS": "2",
+        "ETJ_GLOBAL_BATCH_SIZE": "32",
+        "ETJ_MICRO_BATCH_SIZE": "16",
+        "ETJ_MIN_STEP_SECONDS": "0.1",
+        "ETJ_SAMPLE_LOG_DIR": str(samples),
+        "ETJ_MAX_WORKERS": "2",
+    }
     result = run_local(2, parse_schedule("20:-1,40:+1"), env, tmp_path / "logs", timeout_s=600)
     assert result.get("finished") is True, result
     assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1), (1, 2)]  # type: ignore[index]

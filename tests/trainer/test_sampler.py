@@ -37,7 +37,9 @@ def _run_schedule(size: int, batch: int, worlds: list[int], resume_every: int) -
     worlds=st.lists(st.integers(1, 9), min_size=1, max_size=12),
     resume_every=st.integers(0, 7),
 )
-def test_every_sample_exactly_once_per_epoch(size: int, batch: int, worlds: list[int], resume_every: int) -> None:
+def test_every_sample_exactly_once_per_epoch(
+    size: int, batch: int, worlds: list[int], resume_every: int
+) -> None:
     seen = _run_schedule(size, batch, worlds, resume_every)
     assert sorted(seen) == [0, 1]
     for ids in seen.values():

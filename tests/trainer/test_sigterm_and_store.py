@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,8 +14,18 @@ from etj_trainer.checkpoint import list_checkpoints, load_latest
 from etj_trainer.local_launcher import free_port
 from etj_trainer.progress import get_json, post_json
 
-TRAIN_ARGS = ["--data", "digits-tensor", "--model", "etj_trainer.models:tiny_mlp", "--epochs", "50",
-              "--global-batch-size", "32", "--min-step-seconds", "0.05"]
+TRAIN_ARGS = [
+    "--data",
+    "digits-tensor",
+    "--model",
+    "etj_trainer.models:tiny_mlp",
+    "--epochs",
+    "50",
+    "--global-batch-size",
+    "32",
+    "--min-step-seconds",
+    "0.05",
+]
 
 
 def _wait_for(pred, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
@@ -32,9 +41,22 @@ def test_sigterm_writes_checkpoint_at_next_step_boundary(tmp_path: Path) -> None
     env = {**os.environ, "ETJ_LOCAL_CHECKPOINT_DIR": str(local)}
     # Shared checkpoints only every 10,000 steps: any shared checkpoint we find was written because of
     # the signal.
-    proc = subprocess.Popen([sys.executable, "-m", "etj_trainer.cli", "train", *TRAIN_ARGS,
-                             "--checkpoint-dir", str(shared), "--checkpoint-interval-steps", "10000"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "etj_trainer.cli",
+            "train",
+            *TRAIN_ARGS,
+            "--checkpoint-dir",
+            str(shared),
+            "--checkpoint-interval-steps",
+            "10000",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         _wait_for(lambda: len(list_checkpoints(local)) > 0 and list_checkpoints(local)[0][0] >= 5)
         assert list_checkpoints(shared) == []
@@ -54,8 +76,20 @@ def test_sigterm_writes_checkpoint_at_next_step_boundary(tmp_path: Path) -> None
 
 def test_store_serves_progress_and_tcpstore(tmp_path: Path) -> None:
     port, http_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1",
-                             "--port", str(port), "--http-port", str(http_port)])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "etj_trainer.cli",
+            "store",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--http-port",
+            str(http_port),
+        ]
+    )
     url = f"http://127.0.0.1:{http_port}/progress"
     try:
         _wait_for(lambda: get_json(url) is not None)

@@ -30,8 +30,16 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # Preloaded into the forkserver: everything a worker imports before its first step.
-PRELOAD = ["torch", "torch.distributed", "torchvision", "nvidia.dali", "nvidia.dali.plugin.pytorch",
-           "etj_trainer.trainer", "etj_trainer.dali_input", "etj_trainer.agent"]
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "torchvision",
+    "nvidia.dali",
+    "nvidia.dali.plugin.pytorch",
+    "etj_trainer.trainer",
+    "etj_trainer.dali_input",
+    "etj_trainer.agent",
+]
 
 
 @dataclass
@@ -53,11 +61,17 @@ class AgentConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
         e = os.environ if env is None else env
-        cfg = cls(endpoint=e["ETJ_RDZV_ENDPOINT"], run_id=e.get("ETJ_RDZV_ID", "etj"),
-                  min_nodes=int(e.get("ETJ_MIN_WORKERS", "1")), max_nodes=int(e.get("ETJ_MAX_WORKERS", "1")),
-                  nproc_per_node=int(e.get("ETJ_NPROC_PER_WORKER", "1")))
-        for var, attr in (("ETJ_LAST_CALL_TIMEOUT", "last_call_timeout"),
-                          ("ETJ_KEEP_ALIVE_INTERVAL", "keep_alive_interval")):
+        cfg = cls(
+            endpoint=e["ETJ_RDZV_ENDPOINT"],
+            run_id=e.get("ETJ_RDZV_ID", "etj"),
+            min_nodes=int(e.get("ETJ_MIN_WORKERS", "1")),
+            max_nodes=int(e.get("ETJ_MAX_WORKERS", "1")),
+            nproc_per_node=int(e.get("ETJ_NPROC_PER_WORKER", "1")),
+        )
+        for var, attr in (
+            ("ETJ_LAST_CALL_TIMEOUT", "last_call_timeout"),
+            ("ETJ_KEEP_ALIVE_INTERVAL", "keep_alive_interval"),
+        ):
             if e.get(var):
                 setattr(cfg, attr, int(e[var]))
         if e.get("ETJ_FAST_RESTART", "1") == "0":
@@ -65,9 +79,12 @@ class AgentConfig:
         return cfg
 
     def rdzv_configs(self) -> dict[str, Any]:
-        conf: dict[str, Any] = {"join_timeout": self.join_timeout, "last_call_timeout": self.last_call_timeout,
-                                "keep_alive_interval": self.keep_alive_interval,
-                                "keep_alive_max_attempt": self.keep_alive_max_attempt}
+        conf: dict[str, Any] = {
+            "join_timeout": self.join_timeout,
+            "last_call_timeout": self.last_call_timeout,
+            "keep_alive_interval": self.keep_alive_interval,
+            "keep_alive_max_attempt": self.keep_alive_max_attempt,
+        }
         if self.external_store:
             conf["is_host"] = False
         return conf
@@ -75,10 +92,17 @@ class AgentConfig:
     def torchrun_args(self) -> list[str]:
         """The equivalent torchrun command line (printed for users; the agent below is what runs)."""
         conf = ",".join(f"{k}={v}" for k, v in self.rdzv_configs().items())
-        return ["torchrun", f"--nnodes={self.min_nodes}:{self.max_nodes}",
-                f"--nproc-per-node={self.nproc_per_node}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={self.run_id}", f"--rdzv-conf={conf}",
-                f"--max-restarts={self.max_restarts}", f"--monitor-interval={self.monitor_interval}"]
+        return [
+            "torchrun",
+            f"--nnodes={self.min_nodes}:{self.max_nodes}",
+            f"--nproc-per-node={self.nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={self.run_id}",
+            f"--rdzv-conf={conf}",
+            f"--max-restarts={self.max_restarts}",
+            f"--monitor-interval={self.monitor_interval}",
+        ]
 
 
 def worker_entry() -> None:
@@ -141,12 +165,24 @@ def run_agent(cfg: AgentConfig) -> int:
 
         forkserver.ensure_running()  # pay the imports now, not at the first (re)start
         start_method = "forkserver"
-    params = RendezvousParameters(backend="c10d", endpoint=cfg.endpoint, run_id=cfg.run_id,
-                                  min_nodes=cfg.min_nodes, max_nodes=cfg.max_nodes, **cfg.rdzv_configs())
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=cfg.endpoint,
+        run_id=cfg.run_id,
+        min_nodes=cfg.min_nodes,
+        max_nodes=cfg.max_nodes,
+        **cfg.rdzv_configs(),
+    )
     handler = rdzv_registry.get_rendezvous_handler(params)
-    spec = WorkerSpec(role="trainer", local_world_size=cfg.nproc_per_node, entrypoint=worker_entry, args=(),
-                      rdzv_handler=handler, max_restarts=cfg.max_restarts,
-                      monitor_interval=cfg.monitor_interval)
+    spec = WorkerSpec(
+        role="trainer",
+        local_world_size=cfg.nproc_per_node,
+        entrypoint=worker_entry,
+        args=(),
+        rdzv_handler=handler,
+        max_restarts=cfg.max_restarts,
+        monitor_interval=cfg.monitor_interval,
+    )
     agent = LocalElasticAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
     try:
         result = agent.run()

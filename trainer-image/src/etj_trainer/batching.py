@@ -19,7 +19,7 @@ class ResizePolicy(StrEnum):
 
 
 def split_counts(total: int, parts: int) -> list[int]:
-    """Split ``total`` items over ``parts`` as evenly as possible; the first ``total % parts`` get one more."""
+    """Split ``total`` items over ``parts`` evenly; the first ``total % parts`` parts get one more."""
     if parts <= 0:
         raise ValueError("parts must be positive")
     if total < 0:

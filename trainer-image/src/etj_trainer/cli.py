@@ -7,12 +7,22 @@ import sys
 from pathlib import Path
 
 TRAIN_FLAGS = {  # flag -> env var (the same ETJ_* the operator sets, plus trainer extensions)
-    "data": "ETJ_DATA", "val_data": "ETJ_VAL_DATA", "model": "ETJ_MODEL", "epochs": "ETJ_EPOCHS",
-    "max_steps": "ETJ_MAX_STEPS", "global_batch_size": "ETJ_GLOBAL_BATCH_SIZE",
-    "micro_batch_size": "ETJ_MICRO_BATCH_SIZE", "resize_policy": "ETJ_RESIZE_POLICY",
-    "dsgd_ramp_steps": "ETJ_DSGD_RAMP_STEPS", "seed": "ETJ_SEED", "lr": "ETJ_LR",
-    "checkpoint_dir": "ETJ_CHECKPOINT_DIR", "checkpoint_interval_steps": "ETJ_CHECKPOINT_INTERVAL_STEPS",
-    "sample_log_dir": "ETJ_SAMPLE_LOG_DIR", "dtype": "ETJ_DTYPE", "min_step_seconds": "ETJ_MIN_STEP_SECONDS",
+    "data": "ETJ_DATA",
+    "val_data": "ETJ_VAL_DATA",
+    "model": "ETJ_MODEL",
+    "epochs": "ETJ_EPOCHS",
+    "max_steps": "ETJ_MAX_STEPS",
+    "global_batch_size": "ETJ_GLOBAL_BATCH_SIZE",
+    "micro_batch_size": "ETJ_MICRO_BATCH_SIZE",
+    "resize_policy": "ETJ_RESIZE_POLICY",
+    "dsgd_ramp_steps": "ETJ_DSGD_RAMP_STEPS",
+    "seed": "ETJ_SEED",
+    "lr": "ETJ_LR",
+    "checkpoint_dir": "ETJ_CHECKPOINT_DIR",
+    "checkpoint_interval_steps": "ETJ_CHECKPOINT_INTERVAL_STEPS",
+    "sample_log_dir": "ETJ_SAMPLE_LOG_DIR",
+    "dtype": "ETJ_DTYPE",
+    "min_step_seconds": "ETJ_MIN_STEP_SECONDS",
 }
 
 
@@ -36,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     lo = sub.add_parser("local", help="run store + N agents on loopback, resizing on a schedule")
     lo.add_argument("--nodes", type=int, default=2)
     lo.add_argument("--max-nodes", type=int, default=0, help="rendezvous max (default: peak of the schedule)")
-    lo.add_argument("--schedule", default="", help="e.g. 20:+1,40:-2,60:!1 (step:+K start, -K SIGTERM, !K SIGKILL)")
+    lo.add_argument(
+        "--schedule", default="", help="e.g. 20:+1,40:-2,60:!1 (step:+K start, -K SIGTERM, !K SIGKILL)"
+    )
     lo.add_argument("--log-dir", type=Path, default=Path("etj-local-logs"))
     _add_train_flags(lo)
     tr = sub.add_parser("train", help="single process (or under your own torchrun)")

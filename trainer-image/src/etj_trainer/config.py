@@ -78,8 +78,11 @@ class TrainConfig:
         for var, attr in strs.items():
             if (v := get(var)) is not None:
                 setattr(cfg, attr, v)
-        for var, attr in (("ETJ_LR", "lr"), ("ETJ_MOMENTUM", "momentum"),
-                          ("ETJ_MIN_STEP_SECONDS", "min_step_seconds")):
+        for var, attr in (
+            ("ETJ_LR", "lr"),
+            ("ETJ_MOMENTUM", "momentum"),
+            ("ETJ_MIN_STEP_SECONDS", "min_step_seconds"),
+        ):
             if (v := get(var)) is not None:
                 setattr(cfg, attr, float(v))
         if (v := get("ETJ_RESIZE_POLICY")) is not None:
@@ -92,7 +95,9 @@ class TrainConfig:
             cfg.local_checkpoint_dir = Path(v)
         elif Path("/dev/shm").is_dir():
             # Per job: /dev/shm is shared by every process of the pod (and of the laptop).
-            cfg.local_checkpoint_dir = Path("/dev/shm") / f"etj-{cfg.job_name}-{e.get('ETJ_RDZV_ID', 'local')}"
+            cfg.local_checkpoint_dir = (
+                Path("/dev/shm") / f"etj-{cfg.job_name}-{e.get('ETJ_RDZV_ID', 'local')}"
+            )
         if (v := get("ETJ_SAMPLE_LOG_DIR")) is not None:
             cfg.sample_log_dir = Path(v)
         names = {f.name for f in fields(cls)}

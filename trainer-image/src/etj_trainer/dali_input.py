@@ -16,6 +16,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -91,7 +92,7 @@ class DaliImageSource:
         self.table = table
         self.num_samples = len(table)
         self.image_size = image_size
-        self.sample_shape = (3, image_size, image_size)
+        self.sample_shape: tuple[int, ...] = (3, image_size, image_size)
         self.dtype = dtype
         self.threads = threads
         self.max_batch = max_batch
@@ -109,28 +110,44 @@ class DaliImageSource:
         assert self.table.paths is not None
         return np.fromfile(self.table.paths[i], dtype=np.uint8)
 
-    def _feed(self, index_stream: Iterator[np.ndarray]) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
+    def _feed(
+        self, index_stream: Iterator[np.ndarray]
+    ) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
         for idx in index_stream:
             if len(idx) > self.max_batch:
-                raise ValueError(f"micro-batch of {len(idx)} exceeds the pipeline's max batch {self.max_batch}")
+                raise ValueError(
+                    f"micro-batch of {len(idx)} exceeds the pipeline's max batch {self.max_batch}"
+                )
             yield (
                 [self._encoded(int(i)) for i in idx],
                 [np.asarray([self.table.labels[int(i)]], dtype=np.int64) for i in idx],
             )
 
-    def build_pipeline(self, index_stream: Iterator[np.ndarray]) -> object:
-        from nvidia.dali import fn, pipeline_def, types
+    def build_pipeline(self, index_stream: Iterator[np.ndarray]) -> Any:
+        import importlib
+
+        # DALI's type stubs do not cover its generated operator/enum modules; treat them as dynamic.
+        fn: Any = importlib.import_module("nvidia.dali.fn")
+        types: Any = importlib.import_module("nvidia.dali.types")
+        pipeline_def: Any = importlib.import_module("nvidia.dali").pipeline_def
 
         device_id = torch.cuda.current_device() if self.use_gpu else None
         size = self.image_size
 
-        @pipeline_def(batch_size=self.max_batch, num_threads=self.threads, device_id=device_id,
-                      prefetch_queue_depth=2, exec_dynamic=True)
-        def pipe() -> tuple[object, object]:
+        @pipeline_def(
+            batch_size=self.max_batch,
+            num_threads=self.threads,
+            device_id=device_id,
+            prefetch_queue_depth=2,
+            exec_dynamic=True,
+        )
+        def pipe() -> tuple[Any, Any]:
             jpegs, labels = fn.external_source(
                 source=self._feed(index_stream), num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64]
             )
-            images = fn.decoders.image(jpegs, device="mixed" if self.use_gpu else "cpu", output_type=types.RGB)
+            images = fn.decoders.image(
+                jpegs, device="mixed" if self.use_gpu else "cpu", output_type=types.RGB
+            )
             images = fn.resize(images, resize_x=size, resize_y=size)
             images = fn.crop_mirror_normalize(
                 images, dtype=types.FLOAT, output_layout="CHW", mean=[MEAN * 255] * 3, std=[STD * 255] * 3

@@ -35,7 +35,7 @@ class TensorSource:
         self.images = images
         self.labels = labels
         self.num_samples = len(labels)
-        self.sample_shape = tuple(images.shape[1:])
+        self.sample_shape: tuple[int, ...] = tuple(images.shape[1:])
 
     def batches(self, index_stream: Iterator[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for idx in index_stream:

@@ -57,9 +57,21 @@ class LocalCluster:
     def start_store(self) -> None:
         port, http_port = free_port(), free_port()
         self.store = subprocess.Popen(
-            [sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1", "--port", str(port),
-             "--http-port", str(http_port)], stdout=open(self.log_dir / "store.log", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "etj_trainer.cli",
+                "store",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--http-port",
+                str(http_port),
+            ],
+            stdout=open(self.log_dir / "store.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
         self.env["ETJ_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
         self.progress_url = self.env["ETJ_PROGRESS_URL"] = f"http://127.0.0.1:{http_port}/progress"
         deadline = time.monotonic() + 60
@@ -72,8 +84,14 @@ class LocalCluster:
         i = len(self.agents)
         env = {**self.env, "ETJ_WORKER_ID": f"worker-{i}"}
         out = open(self.log_dir / f"worker-{i}.log", "wb")  # noqa: SIM115
-        self.agents.append(subprocess.Popen([sys.executable, "-m", "etj_trainer.cli", "worker"], env=env,
-                                            stdout=out, stderr=subprocess.STDOUT))
+        self.agents.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "etj_trainer.cli", "worker"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        )
 
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [a for a in self.agents if a.poll() is None]
@@ -100,13 +118,25 @@ class LocalCluster:
                     p.kill()
 
 
-def run_local(nodes: int, schedule: list[ScheduleEvent], train_env: dict[str, str], log_dir: Path,
-              timeout_s: float = 900) -> dict[str, object]:
+def run_local(
+    nodes: int,
+    schedule: list[ScheduleEvent],
+    train_env: dict[str, str],
+    log_dir: Path,
+    timeout_s: float = 900,
+) -> dict[str, object]:
     """Run a job; returns the last progress document (plus the applied events)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
-    env = {**os.environ, "ETJ_JOB_NAME": "local", "ETJ_RDZV_ID": run_id, "ETJ_NPROC_PER_WORKER": "1",
-           "ETJ_MIN_WORKERS": "1", "ETJ_MAX_WORKERS": str(max(nodes, 1)), **train_env}
+    env = {
+        **os.environ,
+        "ETJ_JOB_NAME": "local",
+        "ETJ_RDZV_ID": run_id,
+        "ETJ_NPROC_PER_WORKER": "1",
+        "ETJ_MIN_WORKERS": "1",
+        "ETJ_MAX_WORKERS": str(max(nodes, 1)),
+        **train_env,
+    }
     env.setdefault("ETJ_CHECKPOINT_DIR", str(log_dir / "checkpoints"))
     env.setdefault("ETJ_LOCAL_CHECKPOINT_DIR", f"/dev/shm/etj-local-{run_id}")
     cluster = LocalCluster(env=env, log_dir=log_dir)

@@ -22,8 +22,19 @@ class SampleLog:
         self._f = open(directory / f"samples-{incarnation:.6f}-rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
 
     def write(self, epoch: int, step: int, world: int, ids: np.ndarray) -> None:
-        self._f.write(json.dumps({"inc": self.incarnation, "epoch": epoch, "step": step, "rank": self.rank,
-                                  "world": world, "ids": [int(i) for i in ids]}) + "\n")
+        self._f.write(
+            json.dumps(
+                {
+                    "inc": self.incarnation,
+                    "epoch": epoch,
+                    "step": step,
+                    "rank": self.rank,
+                    "world": world,
+                    "ids": [int(i) for i in ids],
+                }
+            )
+            + "\n"
+        )
 
 
 def consumed_per_epoch(directory: Path) -> dict[int, list[int]]:

@@ -90,6 +90,10 @@ class ElasticSampler:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         # A different dataset or seed would make the saved position meaningless: refuse instead of
         # silently duplicating or skipping samples.
-        if sd["dataset_size"] != self.dataset_size or sd["seed"] != self.seed or sd["shuffle"] != self.shuffle:
+        if (
+            sd["dataset_size"] != self.dataset_size
+            or sd["seed"] != self.seed
+            or sd["shuffle"] != self.shuffle
+        ):
             raise ValueError(f"sampler state does not match this dataset/seed: {sd}")
         self.state = SamplerState(epoch=int(sd["epoch"]), consumed=int(sd["consumed"]))

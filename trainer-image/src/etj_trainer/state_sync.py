@@ -20,11 +20,11 @@ from etj_trainer.checkpoint import CheckpointStore, decode
 
 def capture_rng() -> dict[str, Any]:
     # Plain containers and tensors only: checkpoints are loaded with weights_only=True.
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-        "python": list(random.getstate()[1]) + [random.getstate()[0]],
+        "python": [*random.getstate()[1], random.getstate()[0]],
     }
 
 
@@ -36,7 +36,9 @@ def restore_rng(rng: dict[str, Any]) -> None:
     random.setstate((version, tuple(state), None))
 
 
-def agree_on_checkpoint(store: CheckpointStore, rank: int, world_size: int) -> tuple[dict[str, Any] | None, int]:
+def agree_on_checkpoint(
+    store: CheckpointStore, rank: int, world_size: int
+) -> tuple[dict[str, Any] | None, int]:
     """Returns (state or None, source rank) on every rank; collective when ``world_size > 1``."""
     local = store.latest()
     my_step = local.step if local is not None else -1

@@ -67,7 +67,7 @@ def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTT
             state.put(doc)
             self._send(204, b"")
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        def log_message(self, format: str, *args: Any) -> None:
             log.debug("http: " + format, *args)
 
     return ThreadingHTTPServer((host, port), Handler)
@@ -88,8 +88,10 @@ def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401) -> N
     signal.signal(signal.SIGINT, _stop)
     t = threading.Thread(target=httpd.serve_forever, name="etj-progress-http", daemon=True)
     t.start()
-    print(f"etj-train store: TCPStore on {host}:{port}, progress on http://{host}:{http_port}/progress",
-          flush=True)
+    print(
+        f"etj-train store: TCPStore on {host}:{port}, progress on http://{host}:{http_port}/progress",
+        flush=True,
+    )
     stop.wait()
     httpd.shutdown()
     del store

@@ -66,8 +66,16 @@ class StopFlag:
         signal.signal(signal.SIGTERM, handler)
 
 
-def micro_batch_stream(sampler: ElasticSampler, global_batch: int, micro: int, world: int, rank: int,
-                       epochs: int, max_steps: int, step: int) -> Iterator[np.ndarray]:
+def micro_batch_stream(
+    sampler: ElasticSampler,
+    global_batch: int,
+    micro: int,
+    world: int,
+    rank: int,
+    epochs: int,
+    max_steps: int,
+    step: int,
+) -> Iterator[np.ndarray]:
     """The exact sequence of non-empty micro-batches this rank will train on (for prefetching loaders)."""
     sim = ElasticSampler(sampler.dataset_size, sampler.seed, sampler.shuffle)
     sim.load_state_dict(sampler.state_dict())
@@ -90,7 +98,9 @@ def evaluate(model: nn.Module, source: BatchSource, micro: int, device: torch.de
     model.eval()
     correct = 0
     with torch.no_grad():
-        stream = (np.arange(i, min(i + micro, source.num_samples)) for i in range(0, source.num_samples, micro))
+        stream = (
+            np.arange(i, min(i + micro, source.num_samples)) for i in range(0, source.num_samples, micro)
+        )
         for x, y in source.batches(stream):
             correct += int((model(x.to(device)).argmax(1) == y.to(device)).sum())
     model.train()
@@ -114,13 +124,19 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     model = build_model(cfg.model, cfg.num_classes).to(device=device, dtype=dtype)
     if cfg.sync_batchnorm and dist_on:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    opt = DynamicSGD(model.parameters(), lr=cfg.lr, ramp_steps=cfg.dsgd_ramp_steps,
-                     momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    opt = DynamicSGD(
+        model.parameters(),
+        lr=cfg.lr,
+        ramp_steps=cfg.dsgd_ramp_steps,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+    )
     sampler = ElasticSampler(train_src.num_samples, cfg.seed)
     ckpts = CheckpointStore(cfg.checkpoint_dir, cfg.local_checkpoint_dir)
 
     state, _src = agree_on_checkpoint(ckpts, rank, world)
-    step, meta = 0, {"resizes": [], "samples_seen": 0}
+    step = 0
+    meta: dict[str, Any] = {"resizes": [], "samples_seen": 0}
     prev_world: int | None = None
     if state is not None:
         model.load_state_dict(state["model"])
@@ -132,7 +148,9 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     restored_step = step
     ddp: nn.Module = model
     if dist_on:
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        ddp = nn.parallel.DistributedDataParallel(
+            model, device_ids=[local_rank] if device.type == "cuda" else None
+        )
 
     policy = ResizePolicy(cfg.resize_policy)
     plan = plan_step(policy, cfg.global_batch_size, cfg.micro_batch_size, world, cfg.min_workers)
@@ -148,9 +166,16 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     if rank == 0 and prev_world is not None and cfg.progress_url:
         last_reported_step = (get_json(cfg.progress_url) or {}).get("step")
 
-    loader = train_src.batches(micro_batch_stream(
-        sampler, plan.global_batch, cfg.micro_batch_size, world, rank, cfg.epochs, cfg.max_steps, step))
-    stopped_early, loss_val, resize_pending = False, float("nan"), prev_world is not None and prev_world != world
+    loader = train_src.batches(
+        micro_batch_stream(
+            sampler, plan.global_batch, cfg.micro_batch_size, world, rank, cfg.epochs, cfg.max_steps, step
+        )
+    )
+    stopped_early, loss_val, resize_pending = (
+        False,
+        float("nan"),
+        prev_world is not None and prev_world != world,
+    )
     t_last = time.monotonic()
     rate = 0.0
     ddp.train()
@@ -189,17 +214,28 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         if samples_log:
             samples_log.write(sampler_epoch_of(sampler, len(gidx)), step, world, mine)
         now = time.monotonic()
-        rate = 0.8 * rate + 0.2 * (len(gidx) / max(now - t_last, 1e-9)) if rate else len(gidx) / max(now - t_last, 1e-9)
+        rate = (
+            0.8 * rate + 0.2 * (len(gidx) / max(now - t_last, 1e-9))
+            if rate
+            else len(gidx) / max(now - t_last, 1e-9)
+        )
         t_last = now
         if resize_pending:
             resize_pending = False
-            lost = max(0, int(last_reported_step) - restored_step) if isinstance(last_reported_step, int) else 0
-            meta["resizes"] = [*meta["resizes"], {
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from": prev_world, "to": world,
-                "reason": "scale-up" if world > (prev_world or 0) else "scale-down",
-                "pauseSeconds": round(time.time() - float(meta.get("last_step_time", time.time())), 3),
-                "stepsLost": lost,
-            }]
+            lost = (
+                max(0, int(last_reported_step) - restored_step) if isinstance(last_reported_step, int) else 0
+            )
+            meta["resizes"] = [
+                *meta["resizes"],
+                {
+                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "from": prev_world,
+                    "to": world,
+                    "reason": "scale-up" if world > (prev_world or 0) else "scale-down",
+                    "pauseSeconds": round(time.time() - float(meta.get("last_step_time", time.time())), 3),
+                    "stepsLost": lost,
+                },
+            ]
             print(f"etj: resize {prev_world}->{world} done at step {step}", flush=True)
         meta["last_step_time"] = time.time()
         stop_now = bool(stats[1] > 0)
@@ -208,8 +244,10 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         if shared_due or stop_now:
             meta["last_checkpoint"] = {"step": step, "path": str(cfg.checkpoint_dir), "time": time.time()}
         if rank == 0:
-            reporter.report(_progress(sampler, step, meta, rate, loss_val, world, plan, opt),
-                            force=stop_now or len(meta["resizes"]) > 0 and step == restored_step + 1)
+            reporter.report(
+                _progress(sampler, step, meta, rate, loss_val, world, plan, opt),
+                force=stop_now or (len(meta["resizes"]) > 0 and step == restored_step + 1),
+            )
         if stop_now:
             stopped_early = True
             break
@@ -226,16 +264,25 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
             payload = _progress(sampler, step, meta, rate, loss_val, world, plan, opt)
             payload.update(finished=True, accuracy=accuracy)
             reporter.report(payload, force=True)
-            print("ETJ_RESULT " + json.dumps({"step": step, "loss": loss_val, "accuracy": accuracy,
-                                              "worldSize": world}), flush=True)
+            print(
+                "ETJ_RESULT "
+                + json.dumps({"step": step, "loss": loss_val, "accuracy": accuracy, "worldSize": world}),
+                flush=True,
+            )
     reporter.close()
     del loader
     train_src.close()
     if dist_on:
         dist.barrier()
-    return TrainResult(step=step, epoch=sampler.epoch, stopped_early=stopped_early, accuracy=accuracy,
-                       loss=loss_val, world_size=world,
-                       params={k: v.detach().clone() for k, v in model.state_dict().items()})
+    return TrainResult(
+        step=step,
+        epoch=sampler.epoch,
+        stopped_early=stopped_early,
+        accuracy=accuracy,
+        loss=loss_val,
+        world_size=world,
+        params={k: v.detach().clone() for k, v in model.state_dict().items()},
+    )
 
 
 def sampler_epoch_of(sampler: ElasticSampler, just_committed: int) -> int:
@@ -243,21 +290,54 @@ def sampler_epoch_of(sampler: ElasticSampler, just_committed: int) -> int:
     return sampler.epoch - 1 if sampler.state.consumed == 0 and just_committed > 0 else sampler.epoch
 
 
-def _save(ckpts: CheckpointStore, model: nn.Module, opt: DynamicSGD, sampler: ElasticSampler, step: int,
-          meta: dict[str, Any], world: int, rank: int, local_rank: int, shared: bool) -> None:
+def _save(
+    ckpts: CheckpointStore,
+    model: nn.Module,
+    opt: DynamicSGD,
+    sampler: ElasticSampler,
+    step: int,
+    meta: dict[str, Any],
+    world: int,
+    rank: int,
+    local_rank: int,
+    shared: bool,
+) -> None:
     # Every rank holds the same state after a step; rank 0 writes the shared copy, each node's local rank 0
     # its node-local copy (which is what survivors restore from).
     if local_rank != 0 and rank != 0:
         return
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "sampler": sampler.state_dict(),
-             "step": step, "rng": capture_rng(), "meta": {**meta, "world_size": world}}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "sampler": sampler.state_dict(),
+        "step": step,
+        "rng": capture_rng(),
+        "meta": {**meta, "world_size": world},
+    }
     ckpts.save(state, step, shared=shared and rank == 0, local=local_rank == 0)
 
 
-def _progress(sampler: ElasticSampler, step: int, meta: dict[str, Any], rate: float, loss: float, world: int,
-              plan: Any, opt: DynamicSGD) -> dict[str, Any]:
-    return {"epoch": sampler.epoch, "step": step, "samplesSeen": meta["samples_seen"],
-            "samplesPerSecond": round(rate, 2), "loss": loss, "worldSize": world,
-            "perWorkerBatch": plan.per_worker_batch, "accumulationSteps": plan.accumulation_steps,
-            "lrMultiplier": opt.lr_multiplier, "lastCheckpoint": meta.get("last_checkpoint"),
-            "resizes": meta["resizes"], "finished": False}
+def _progress(
+    sampler: ElasticSampler,
+    step: int,
+    meta: dict[str, Any],
+    rate: float,
+    loss: float,
+    world: int,
+    plan: Any,
+    opt: DynamicSGD,
+) -> dict[str, Any]:
+    return {
+        "epoch": sampler.epoch,
+        "step": step,
+        "samplesSeen": meta["samples_seen"],
+        "samplesPerSecond": round(rate, 2),
+        "loss": loss,
+        "worldSize": world,
+        "perWorkerBatch": plan.per_worker_batch,
+        "accumulationSteps": plan.accumulation_steps,
+        "lrMultiplier": opt.lr_multiplier,
+        "lastCheckpoint": meta.get("last_checkpoint"),
+        "resizes": meta["resizes"],
+        "finished": False,
+    }

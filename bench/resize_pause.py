@@ -1,0 +1,140 @@
+"""Resize pause: event -> first completed step at the new world size, etj agent vs stock torchrun defaults.
+
+Both arms run the same trainer (tiny model on in-memory digits, ~20 steps/s) against the same external
+``etj-train store``; the only difference is the launcher: ``etj-train worker`` (forkserver fast restart,
+explicit rendezvous leave on SIGTERM, last_call 1 s, keep-alive 1 s x 3, monitor 0.2 s) vs
+``torchrun`` with its defaults. Events: SIGTERM to one of 2 agents (2->1, a graceful spot notice) and
+starting a third agent process (1->2; the new agent's own start-up is counted). The pause is measured by
+polling the progress channel every 50 ms. Prints JSON.
+
+    .venv/bin/python bench/resize_pause.py [--repeats N] [--arms etj,torchrun-defaults]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from etj_trainer.local_launcher import LocalCluster
+from etj_trainer.progress import get_json
+
+TRAIN_ENV = {
+    "ETJ_DATA": "digits-tensor",
+    "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+    "ETJ_EPOCHS": "1000",
+    "ETJ_GLOBAL_BATCH_SIZE": "32",
+    "ETJ_MICRO_BATCH_SIZE": "32",
+    "ETJ_MIN_STEP_SECONDS": "0.05",
+    "ETJ_MIN_WORKERS": "1",
+    "ETJ_MAX_WORKERS": "2",
+    "ETJ_NPROC_PER_WORKER": "1",
+    "ETJ_CHECKPOINT_INTERVAL_STEPS": "1000",
+}
+
+
+class TorchrunCluster(LocalCluster):
+    def start_agent(self) -> None:
+        i = len(self.agents)
+        out = open(self.log_dir / f"worker-{i}.log", "wb")  # noqa: SIM115
+        cmd = [
+            "torchrun",
+            "--nnodes=1:2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.env['ETJ_RDZV_ENDPOINT']}",
+            f"--rdzv-id={self.env['ETJ_RDZV_ID']}",
+            "--max-restarts=100",
+            "-m",
+            "etj_trainer.torchrun_entry",
+        ]
+        exe = str(Path(sys.executable).parent / "torchrun")
+        self.agents.append(
+            subprocess.Popen([exe, *cmd[1:]], env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        )
+
+
+def wait_progress(url: str, pred, timeout: float) -> dict:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = get_json(url, timeout=1.0) or {}
+        if doc and pred(doc):
+            return doc
+        time.sleep(0.05)
+    raise TimeoutError(f"progress condition not met within {timeout}s")
+
+
+def measure(arm: str, log_root: Path) -> dict[str, float]:
+    run_id = f"bench-{arm}-{os.getpid()}-{time.time_ns()}"
+    log_dir = log_root / arm / run_id
+    log_dir.mkdir(parents=True)
+    env = {
+        **os.environ,
+        **TRAIN_ENV,
+        "ETJ_RDZV_ID": run_id,
+        "ETJ_JOB_NAME": "bench",
+        "ETJ_CHECKPOINT_DIR": str(log_dir / "ckpt"),
+        "ETJ_LOCAL_CHECKPOINT_DIR": f"/dev/shm/etj-{run_id}",
+    }
+    cluster = (LocalCluster if arm == "etj" else TorchrunCluster)(env=env, log_dir=log_dir)
+    try:
+        cluster.start_store()
+        url = cluster.progress_url
+        cluster.start_agent()
+        cluster.start_agent()
+        doc = wait_progress(url, lambda d: d.get("worldSize") == 2 and d.get("step", 0) >= 20, 300)
+        # 2 -> 1: graceful loss of one agent
+        t0 = time.monotonic()
+        cluster.agents[-1].send_signal(signal.SIGTERM)
+        doc = wait_progress(url, lambda d: d.get("worldSize") == 1, 300)
+        down = time.monotonic() - t0
+        step = doc["step"]
+        wait_progress(url, lambda d: d.get("step", 0) >= step + 20, 120)
+        # 1 -> 2: a new agent starts
+        t1 = time.monotonic()
+        cluster.start_agent()
+        wait_progress(url, lambda d: d.get("worldSize") == 2, 300)
+        up = time.monotonic() - t1
+        return {"loss_2to1_s": round(down, 2), "gain_1to2_s": round(up, 2)}
+    finally:
+        cluster.stop()
+        import shutil
+
+        shutil.rmtree(f"/dev/shm/etj-{run_id}", ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--arms", default="etj,torchrun-defaults")
+    ns = ap.parse_args()
+    results: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(ns.repeats):
+            for arm in ns.arms.split(","):
+                results.setdefault(arm, []).append(measure(arm, Path(tmp)))
+                print(arm, results[arm][-1], file=sys.stderr, flush=True)
+    summary = {
+        arm: {k: round(sum(r[k] for r in rs) / len(rs), 2) for k in rs[0]} for arm, rs in results.items()
+    }
+    out: dict[str, object] = {
+        "benchmark": "resize_pause",
+        "cpu_count": os.cpu_count(),
+        "runs": results,
+        "mean": summary,
+    }
+    if "etj" in summary and "torchrun-defaults" in summary:
+        out["speedup"] = {
+            k: round(summary["torchrun-defaults"][k] / summary["etj"][k], 1) for k in summary["etj"]
+        }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
