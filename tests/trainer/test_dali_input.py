@@ -68,5 +68,5 @@ def test_trainer_learns_digits_through_dali(tiny_cfg: TrainConfig) -> None:
 @pytest.mark.gpu
 def test_gpu_mixed_decoding(digits_dir: Path) -> None:
     src = DaliImageSource(list_folder_samples(digits_dir / "val"), image_size=32, use_gpu=True)
-    (x, y), *_ = list(src.batches(iter([np.arange(16)])))
+    (x, _y), *_ = list(src.batches(iter([np.arange(16)])))
     assert x.is_cuda and x.shape == (16, 3, 32, 32) and torch.isfinite(x).all()
