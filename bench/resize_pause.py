@@ -40,6 +40,8 @@ TRAIN_ENV = {
 
 
 class TorchrunCluster(LocalCluster):
+    """Stock ``torchrun`` with default settings (c10d against the same external store)."""
+
     def start_agent(self) -> None:
         i = len(self.agents)
         out = open(self.log_dir / f"worker-{i}.log", "wb")  # noqa: SIM115
@@ -70,7 +72,7 @@ def wait_progress(url: str, pred, timeout: float) -> dict:  # type: ignore[no-un
     raise TimeoutError(f"progress condition not met within {timeout}s")
 
 
-def measure(arm: str, log_root: Path) -> dict[str, float]:
+def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | str]:
     run_id = f"bench-{arm}-{os.getpid()}-{time.time_ns()}"
     log_dir = log_root / arm / run_id
     log_dir.mkdir(parents=True)
@@ -99,9 +101,14 @@ def measure(arm: str, log_root: Path) -> dict[str, float]:
         # 1 -> 2: a new agent starts
         t1 = time.monotonic()
         cluster.start_agent()
-        wait_progress(url, lambda d: d.get("worldSize") == 2, 300)
-        up = time.monotonic() - t1
-        return {"loss_2to1_s": round(down, 2), "gain_1to2_s": round(up, 2)}
+        try:
+            wait_progress(url, lambda d: d.get("worldSize") == 2, gain_timeout)
+            up: float | str = round(time.monotonic() - t1, 2)
+        except TimeoutError:
+            # Stock torchrun (shared agent store) deadlocks here: the agent that stays group rank 0 does
+            # not republish MASTER_ADDR for the new round (see docs/trainer.md).
+            up = f"no step at world size 2 within {gain_timeout:.0f} s (join deadlocked)"
+        return {"loss_2to1_s": round(down, 2), "gain_1to2_s": up}
     finally:
         cluster.stop()
         import shutil
@@ -112,27 +119,35 @@ def measure(arm: str, log_root: Path) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--arms", default="etj,torchrun-defaults")
+    ap.add_argument("--arms", default="etj,torchrun-defaults,torchrun-defaults-noshare")
+    ap.add_argument("--gain-timeout", type=float, default=150)
     ns = ap.parse_args()
-    results: dict[str, list[dict[str, float]]] = {}
+    results: dict[str, list[dict[str, float | str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(ns.repeats):
             for arm in ns.arms.split(","):
-                results.setdefault(arm, []).append(measure(arm, Path(tmp)))
+                results.setdefault(arm, []).append(measure(arm, Path(tmp), ns.gain_timeout))
                 print(arm, results[arm][-1], file=sys.stderr, flush=True)
-    summary = {
-        arm: {k: round(sum(r[k] for r in rs) / len(rs), 2) for k in rs[0]} for arm, rs in results.items()
-    }
+
+    def mean(rs: list[dict[str, float | str]], k: str) -> float | str:
+        vals = [r[k] for r in rs]
+        nums = [float(v) for v in vals if not isinstance(v, str)]
+        return round(sum(nums) / len(nums), 2) if len(nums) == len(vals) else "failed in some runs"
+
+    summary = {arm: {k: mean(rs, k) for k in rs[0]} for arm, rs in results.items()}
     out: dict[str, object] = {
         "benchmark": "resize_pause",
         "cpu_count": os.cpu_count(),
         "runs": results,
         "mean": summary,
     }
-    if "etj" in summary and "torchrun-defaults" in summary:
-        out["speedup"] = {
-            k: round(summary["torchrun-defaults"][k] / summary["etj"][k], 1) for k in summary["etj"]
-        }
+    speedup = {}
+    for base in ("torchrun-defaults", "torchrun-defaults-noshare"):
+        for k, v in summary.get("etj", {}).items():
+            b = summary.get(base, {}).get(k)
+            if isinstance(v, float) and isinstance(b, float):
+                speedup[f"{base}/{k}"] = round(b / v, 1)
+    out["speedup_vs_baseline"] = speedup
     print(json.dumps(out, indent=2))
 
 

@@ -93,11 +93,10 @@ class TrainConfig:
             cfg.checkpoint_dir = Path(v)
         if (v := get("ETJ_LOCAL_CHECKPOINT_DIR")) is not None:
             cfg.local_checkpoint_dir = Path(v)
-        elif Path("/dev/shm").is_dir():
-            # Per job: /dev/shm is shared by every process of the pod (and of the laptop).
-            cfg.local_checkpoint_dir = (
-                Path("/dev/shm") / f"etj-{cfg.job_name}-{e.get('ETJ_RDZV_ID', 'local')}"
-            )
+        elif get("ETJ_RDZV_ID") is not None and Path("/dev/shm").is_dir():
+            # Per job run (the rendezvous id is the job uid): /dev/shm is shared by every process of the pod
+            # (and of the laptop); without a run id a stale copy from another run could be picked up.
+            cfg.local_checkpoint_dir = Path("/dev/shm") / f"etj-{cfg.job_name}-{e['ETJ_RDZV_ID']}"
         if (v := get("ETJ_SAMPLE_LOG_DIR")) is not None:
             cfg.sample_log_dir = Path(v)
         names = {f.name for f in fields(cls)}

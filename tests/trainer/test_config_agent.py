@@ -1,0 +1,49 @@
+"""The worker reads the contract's ETJ_* environment (docs/contract.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from etj_trainer.agent import AgentConfig
+from etj_trainer.batching import ResizePolicy
+from etj_trainer.config import TrainConfig
+
+CONTRACT_ENV = {
+    "ETJ_JOB_NAME": "job",
+    "ETJ_NAMESPACE": "ns",
+    "ETJ_WORKER_ID": "job-worker-3",
+    "ETJ_RDZV_ENDPOINT": "job-rdzv:29400",
+    "ETJ_RDZV_ID": "uid-1",
+    "ETJ_MIN_WORKERS": "2",
+    "ETJ_MAX_WORKERS": "8",
+    "ETJ_NPROC_PER_WORKER": "4",
+    "ETJ_GLOBAL_BATCH_SIZE": "1024",
+    "ETJ_MICRO_BATCH_SIZE": "64",
+    "ETJ_RESIZE_POLICY": "DynamicSGD",
+    "ETJ_DSGD_RAMP_STEPS": "500",
+    "ETJ_EPOCHS": "90",
+    "ETJ_SEED": "17",
+    "ETJ_CHECKPOINT_DIR": "/ckpt",
+    "ETJ_CHECKPOINT_INTERVAL_STEPS": "250",
+    "ETJ_PROGRESS_URL": "http://job-rdzv:29401/progress",
+}
+
+
+def test_train_config_from_contract_env() -> None:
+    cfg = TrainConfig.from_env(CONTRACT_ENV)
+    assert (cfg.global_batch_size, cfg.micro_batch_size, cfg.epochs, cfg.seed) == (1024, 64, 90, 17)
+    assert cfg.resize_policy == ResizePolicy.DYNAMIC_SGD and cfg.dsgd_ramp_steps == 500
+    assert (cfg.min_workers, cfg.max_workers) == (2, 8)
+    assert cfg.checkpoint_dir == Path("/ckpt") and cfg.checkpoint_interval_steps == 250
+    assert cfg.progress_url == "http://job-rdzv:29401/progress"
+    assert cfg.local_checkpoint_dir == Path("/dev/shm/etj-job-uid-1")
+
+
+def test_agent_config_targets_the_external_store() -> None:
+    agent = AgentConfig.from_env(CONTRACT_ENV)
+    args = agent.torchrun_args()
+    assert "--nnodes=2:8" in args and "--nproc-per-node=4" in args
+    assert "--rdzv-endpoint=job-rdzv:29400" in args and "--rdzv-id=uid-1" in args
+    conf = agent.rdzv_configs()
+    assert conf["is_host"] is False  # never host the store in a worker
+    assert conf["last_call_timeout"] <= 2 and conf["keep_alive_interval"] <= 2
