@@ -56,10 +56,12 @@ def test_example_is_accepted_and_defaulted(cluster: Cluster, namespace: str, pat
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_bad_manifest_is_rejected_by_the_apiserver(cluster: Cluster, namespace: str, case: Case) -> None:
-    result = _apply(cluster, namespace, case.manifest(name="bad" if case.id != "name-too-long" else "n" * 60))
+    result = _apply(cluster, namespace, case.manifest())
     assert result.returncode != 0, f"accepted: {case.id}"
     err = result.stderr
-    assert "Error from server" in err, err  # the apiserver refused it, not a client-side check
+    # The apiserver refused it (kubectl has no client-side schema validation): 422 "is invalid", or 400 for
+    # strict field validation ("Error from server (BadRequest)").
+    assert "is invalid" in err or "Error from server" in err, err
     assert case.field in err, f"{case.id}: rejection does not name {case.field}:\n{err}"
     assert case.why.lower() in err.lower(), f"{case.id}: rejection does not say {case.why!r}:\n{err}"
     assert "no such key" not in err, err  # CEL must not fail with runtime errors users cannot act on
@@ -92,7 +94,7 @@ def test_scale_subresource_sets_max_and_respects_min(cluster: Cluster, namespace
     assert _get(cluster, namespace, "scaled")["spec"]["replicas"] == {"min": 2, "max": 3}
     below = cluster.kubectl("scale", "etj/scaled", "-n", namespace, "--replicas=1", check=False)
     assert below.returncode != 0
-    assert "replicas.min (2) must not be greater than replicas.max (1)" in below.stderr, below.stderr
+    assert "replicas.min must not be greater than replicas.max" in below.stderr, below.stderr
 
 
 def _status(cluster: Cluster, namespace: str, name: str, status: ElasticTrainingJobStatus) -> Any:
@@ -121,8 +123,8 @@ def test_status_subresource_and_printer_columns(cluster: Cluster, namespace: str
     assert table[0].split() == ["NAME", "PHASE", "WORKERS", "WORLD", "EPOCH", "STEP", "AGE"]
     assert table[1].split()[:6] == ["cols", "Running", "3/4", "3", "2", "120"]
     wide = cluster.kubectl("get", "etj", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-3:] == ["SAMPLES/S", "LOSS", "POLICY"]
-    assert wide[1].split()[-3:] == ["410.5", "0.25", "FixedGlobalBatch"]
+    assert wide[0].split()[-4:] == ["SAMPLES/S", "LOSS", "POLICY", "AGE"]
+    assert wide[1].split()[-4:-1] == ["410.5", "0.25", "FixedGlobalBatch"]
     # The category and the short name both reach the job.
     assert "cols" in cluster.kubectl("get", "training", "-n", namespace, "-o", "name").stdout
     # Status is validated too: the operator cannot write a phase the schema does not know.

@@ -83,8 +83,9 @@ class ReplicaRange(ApiModel):
         "json_schema_extra": rules(
             cel(
                 "self.min <= self.max",
-                message_expression="'replicas.min (' + string(self.min) + ') must not be greater than "
-                "replicas.max (' + string(self.max) + ')'",
+                # A static message: string(int) in a messageExpression has an unbounded estimated size,
+                # which blows the apiserver's CEL cost budget.
+                "replicas.min must not be greater than replicas.max",
                 field_path=".min",
             ),
         )
@@ -124,9 +125,7 @@ class TrainingSpec(ApiModel):
         "json_schema_extra": rules(
             cel(
                 "self.microBatchSize <= self.globalBatchSize",
-                message_expression="'training.microBatchSize (' + string(self.microBatchSize) + ') "
-                "must not be "
-                "greater than training.globalBatchSize (' + string(self.globalBatchSize) + ')'",
+                "training.microBatchSize must not be greater than training.globalBatchSize",
                 field_path=".microBatchSize",
             ),
         )
@@ -190,6 +189,15 @@ class PVCRef(ApiModel):
     )
 
 
+def _unchanged(name: str) -> str:
+    """CEL: field ``name`` is neither added, removed nor changed by an update.
+
+    Written with has() because the apiserver also checks rules against the schema's ``default: {}``, where
+    nested defaults have not been filled in yet.
+    """
+    return f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})"
+
+
 class CheckpointSpec(ApiModel):
     """Where and how often checkpoints are written. The location is immutable once the job exists."""
 
@@ -197,9 +205,7 @@ class CheckpointSpec(ApiModel):
         "json_schema_extra": rules(
             cel("!(has(self.pvc) && has(self.uri))", "set checkpoint.pvc or checkpoint.uri, not both"),
             cel(
-                "self.path == oldSelf.path"
-                " && has(self.pvc) == has(oldSelf.pvc) && (!has(self.pvc) || self.pvc == oldSelf.pvc)"
-                " && has(self.uri) == has(oldSelf.uri) && (!has(self.uri) || self.uri == oldSelf.uri)",
+                " && ".join(_unchanged(f) for f in ("path", "pvc", "uri")),
                 "checkpoint.pvc, checkpoint.path and checkpoint.uri are immutable; a new location would lose "
                 "the job's progress",
             ),
@@ -286,9 +292,8 @@ class ElasticTrainingJobSpec(ApiModel):
         "json_schema_extra": rules(
             cel(
                 "self.training.globalBatchSize >= self.replicas.max * " + _PROCS_CEL,
-                message_expression="'training.globalBatchSize (' + string(self.training.globalBatchSize) "
-                "+ ') must be at least one sample per process at replicas.max ('"
-                " + string(self.replicas.max * " + _PROCS_CEL + ") + ')'",
+                "training.globalBatchSize must be at least one sample per training process at replicas.max "
+                "(replicas.max x GPUs per worker)",
                 field_path=".training.globalBatchSize",
             ),
         )
@@ -318,7 +323,7 @@ class ElasticTrainingJobSpec(ApiModel):
         if self.training.global_batch_size < need:
             raise ValueError(
                 f"training.globalBatchSize ({self.training.global_batch_size}) must be at least one sample "
-                f"per process at replicas.max ({need})"
+                f"per training process at replicas.max ({need} = replicas.max x GPUs per worker)"
             )
         return self
 

@@ -210,7 +210,9 @@ class TrainerSpec(ApiModel):
     model_config = {
         "json_schema_extra": rules(
             cel(
-                "self.volumeMounts.all(m, self.volumes.exists(v, v.name == m.name))",
+                # Empty lists are absent (no schema default), hence the has() guards.
+                "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+                "self.volumes.exists(v, v.name == m.name))",
                 "every trainer.volumeMounts[].name must match the name of an entry in trainer.volumes",
                 field_path=".volumeMounts",
             )
