@@ -27,8 +27,8 @@ from etj_operator.localcluster.proclet_env import (
     LoopbackIPs,
     command_line,
     container_env,
-    endpoint_ip,
     expand,
+    service_endpoint,
     service_names,
     substitute_services,
 )
@@ -121,15 +121,26 @@ def test_service_names_are_found_and_substituted() -> None:
     assert substitute_services("other.ns.svc:1", ips) == "other.ns.svc:1"  # unknown names stay
 
 
-def test_endpoint_ip_prefers_ready_endpoints() -> None:
-    slices = [
-        {"addressType": "IPv4", "endpoints": [{"addresses": ["127.0.0.3"], "conditions": {"ready": False}}]},
-        {"addressType": "IPv4", "endpoints": [{"addresses": ["127.0.0.5"], "conditions": {"ready": True}}]},
-        {"addressType": "IPv6", "endpoints": [{"addresses": ["::1"]}]},
+def test_service_endpoint_picks_selected_pods_ready_first() -> None:
+    def pod(name: str, ip: str, ready: bool, app: str = "srv", **meta: Any) -> JSON:
+        cond = {"type": "Ready", "status": "True" if ready else "False"}
+        return {
+            "metadata": {"name": name, "labels": {"app": app}, **meta},
+            "status": {"podIP": ip, "phase": "Running", "conditions": [cond]},
+        }
+
+    svc: JSON = {"spec": {"selector": {"app": "srv"}}}
+    pods = [
+        pod("a", "127.0.0.9", ready=False),
+        pod("b", "127.0.0.5", ready=True, deletionTimestamp="2026-01-01T00:00:00Z"),
+        pod("c", "127.0.0.7", ready=True),
+        pod("d", "127.0.0.3", ready=True, app="other"),
     ]
-    assert endpoint_ip(slices) == "127.0.0.5"
-    assert endpoint_ip(slices[:1]) == "127.0.0.3"
-    assert endpoint_ip([]) is None
+    assert service_endpoint(svc, pods) == "127.0.0.7"
+    assert service_endpoint(svc, pods[:1]) is None  # not ready, not published
+    published: JSON = {"spec": {"selector": {"app": "srv"}, "publishNotReadyAddresses": True}}
+    assert service_endpoint(published, pods[:1]) == "127.0.0.9"
+    assert service_endpoint({"spec": {}}, pods) is None  # no selector: nothing the harness can resolve
 
 
 def test_loopback_ips_are_unique_while_in_use_and_sticky_by_name() -> None:

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from etj_operator.localcluster import toolchain
-from etj_operator.localcluster.proclet_env import LoopbackIPs, endpoint_ip
+from etj_operator.localcluster.proclet_env import LoopbackIPs, service_endpoint
 from etj_operator.localcluster.proclet_kube import Gone, Kube, now_micro, now_rfc3339
 from etj_operator.localcluster.proclet_nodes import (
     INSTANCE_LABEL,
@@ -94,6 +95,8 @@ class Proclet:
         self.nodes: dict[str, JSON] = {}
         self.pods: dict[str, JSON] = {}  # every bound pod by uid (pods may be seen before their node)
         self.runners: dict[str, PodRunner] = {}
+        # Runners of deleted pods, newest last: logs_of/runner/pids still answer for them (tests, demo).
+        self.history: deque[PodRunner] = deque(maxlen=256)
         self._lock = threading.RLock()
         self._stopped = threading.Event()
         self._closed = False
@@ -157,7 +160,7 @@ class Proclet:
     def runner(self, namespace: str, name: str) -> PodRunner | None:
         """The newest runner for the pod `namespace/name`."""
         with self._lock:
-            found = [r for r in self.runners.values() if r.key == f"{namespace}/{name}"]
+            found = [r for r in [*self.history, *self.runners.values()] if r.key == f"{namespace}/{name}"]
         return found[-1] if found else None
 
     def log_path(self, namespace: str, name: str, container: str | None = None) -> Path | None:
@@ -173,7 +176,7 @@ class Proclet:
     def pids(self) -> list[int]:
         """Every process group leader this harness started (alive or not)."""
         with self._lock:
-            return [pid for r in self.runners.values() for pid in r.pids]
+            return [pid for r in [*self.history, *self.runners.values()] for pid in r.pids]
 
     # ---- nodes ------------------------------------------------------------------------------
 
@@ -283,6 +286,7 @@ class Proclet:
                 runner = self.runners.pop(uid, None)
                 if runner is not None:  # force-deleted, or deleted while we were not watching
                     runner.stop(0, finalize=False, report=False)
+                    self.history.append(runner)
                 return
             self.pods[uid] = pod
             if pod["spec"].get("nodeName") not in self.nodes or self._stopped.is_set():
@@ -332,14 +336,19 @@ class Proclet:
 
     def _lookup_service(self, service: str, namespace: str) -> str | None:
         try:
-            slices = self.kube.get(
-                f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
-                labelSelector=f"kubernetes.io/service-name={service}",
+            svc = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/services/{service}")
+            if svc is None:
+                return None
+            selector = ",".join(
+                f"{k}={v}" for k, v in ((svc.get("spec") or {}).get("selector") or {}).items()
             )
+            if not selector:
+                return None
+            pods = self.kube.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)
         except Exception as exc:
             log.warning("endpoint lookup for %s.%s failed: %s", service, namespace, exc)
             return None
-        return endpoint_ip(slices.get("items") or [])
+        return service_endpoint(svc, pods.get("items") or [])
 
     # ---- list + watch -----------------------------------------------------------------------
 

@@ -158,20 +158,38 @@ def substitute_services(value: str, ips: Mapping[tuple[str, str], str]) -> str:
     return SERVICE_NAME.sub(sub, value)
 
 
-def endpoint_ip(slices: Iterable[JSON]) -> str | None:
-    """First IPv4 address of an EndpointSlice list, preferring ready endpoints (headless Services
-    with publishNotReadyAddresses mark every endpoint ready)."""
+def service_endpoint(service: JSON, pods: Iterable[JSON]) -> str | None:
+    """The IP a Service name resolves to, picked as the endpoint controller would pick endpoints.
+
+    Not read from EndpointSlices: their validation refuses loopback addresses, so a Service selecting
+    process-backed pods never gets any. Ready pods first; not-ready ones only with
+    publishNotReadyAddresses (what the rendezvous Service sets).
+    """
+    spec = service.get("spec") or {}
+    selector = spec.get("selector") or {}
+    if not selector:
+        return None
     ready: list[str] = []
     other: list[str] = []
-    for item in slices:
-        if item.get("addressType") not in (None, "IPv4"):
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        status = pod.get("status") or {}
+        ip = status.get("podIP")
+        if (
+            not ip
+            or pod["metadata"].get("deletionTimestamp")
+            or status.get("phase") in ("Succeeded", "Failed")
+        ):
             continue
-        for endpoint in item.get("endpoints") or []:
-            bucket = ready if (endpoint.get("conditions") or {}).get("ready", True) else other
-            bucket.extend(endpoint.get("addresses") or [])
-    for ip in (*sorted(ready), *sorted(other)):
-        return ip
-    return None
+        if any(labels.get(k) != v for k, v in selector.items()):
+            continue
+        is_ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        (ready if is_ready else other).append(ip)
+    if spec.get("publishNotReadyAddresses"):
+        ready += other
+    return min(ready) if ready else None
 
 
 class LoopbackIPs:

@@ -51,9 +51,9 @@ class Kube:
     ) -> JSON:
         resp = self._send(method, path, query, body, content_type, timeout)
         try:
-            data = resp.read()
+            data: bytes = resp.read()
         finally:
-            resp.release_conn()
+            resp.response.release_conn()  # RESTResponse wraps the streamed urllib3 response
         if not 200 <= resp.status <= 299:
             raise ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
         parsed: JSON = json.loads(data) if data else {}

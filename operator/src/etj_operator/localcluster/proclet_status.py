@@ -131,10 +131,15 @@ def _condition(existing: list[JSON], ctype: str, ok: bool, reason: str | None, n
     status = "True" if ok else "False"
     old = next((c for c in existing if c.get("type") == ctype), None)
     since = old.get("lastTransitionTime") if old and old.get("status") == status else now
-    cond: JSON = {"type": ctype, "status": status, "lastProbeTime": None, "lastTransitionTime": since or now}
-    if reason and not ok:
-        cond["reason"] = reason
-    return cond
+    # reason is always written (null deletes it): the patch merges conditions by type, so an omitted
+    # reason would leave the old "ContainersNotReady" on a condition that turned True.
+    return {
+        "type": ctype,
+        "status": status,
+        "lastProbeTime": None,
+        "lastTransitionTime": since or now,
+        "reason": reason if reason and not ok else None,
+    }
 
 
 def pod_status(pod: JSON, phase: str, ip: str, host_ip: str, runs: list[ContainerRun]) -> JSON:
