@@ -506,3 +506,23 @@ def test_the_harness_as_a_subprocess_stops_cleanly_on_sigterm(
         proc.kill()
         proc.wait()
         bed.close()
+
+
+@pytest.mark.cluster
+def test_the_harness_keeps_working_after_its_watches_are_cut(bed: Bed) -> None:
+    node = bed.node()
+    bed.harness.drop_watches()
+    bed.pod("after-cut", node, "print('ok')")
+    bed.wait_phase("after-cut", "Succeeded")
+
+
+@pytest.mark.cluster
+def test_a_restarted_harness_reports_pods_whose_processes_it_lost(bed: Bed) -> None:
+    node = bed.node()
+    bed.pod("lost", node, "import time; time.sleep(600)")
+    bed.wait_phase("lost", "Running")
+    bed.harness.stop()  # the "kubelet" dies and its processes with it
+    bed.harness = Proclet(bed.cluster.kubeconfig, bed.root, selector_for(bed.ns)).start()
+    pod = bed.wait_phase("lost", "Failed")
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["reason"] == "ContainerStatusUnknown" and terminated["exitCode"] == 137

@@ -127,9 +127,7 @@ class Proclet:
             return
         self._closed = True
         self._stopped.set()
-        for resp in list(self._responses):
-            with contextlib.suppress(Exception):
-                resp.shutdown()  # unblocks a watch thread waiting for the next event
+        self.drop_watches()  # unblocks the watch threads waiting for their next event
         with self._lock:
             runners = list(self.runners.values())
         for runner in runners:
@@ -172,6 +170,12 @@ class Proclet:
     def logs_of(self, namespace: str, name: str, container: str | None = None) -> str:
         path = self.log_path(namespace, name, container)
         return path.read_text(errors="replace") if path and path.exists() else ""
+
+    def drop_watches(self) -> None:
+        """End the current watch connections, as an apiserver restart would; the harness relists."""
+        for resp in list(self._responses):
+            with contextlib.suppress(Exception):
+                resp.shutdown()
 
     def pids(self) -> list[int]:
         """Every process group leader this harness started (alive or not)."""
