@@ -12,6 +12,7 @@ progress annotations (event handlers are fire-and-forget).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -159,6 +160,13 @@ def etj_node_usage(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, 
 
 
 # --- lifecycle -----------------------------------------------------------------------------------
+@kopf.on.login(registry=REGISTRY)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    # A custom registry does not get kopf's default login handlers: in-cluster first, then kubeconfig
+    # (kopf's own parser, which reads $KUBECONFIG at call time).
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.on.startup(registry=REGISTRY)
 async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
     state = _state(memo)
@@ -178,7 +186,9 @@ def _api_client() -> client.ApiClient:
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        # Explicit path: the client computes its default from $KUBECONFIG at import time, before
+        # `--kubeconfig` could set it.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
     cfg = client.Configuration.get_default_copy()
     # Drains of many pods at once run in parallel threads; give them enough connections.
     cfg.connection_pool_maxsize = 64
