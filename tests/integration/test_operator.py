@@ -162,3 +162,56 @@ def test_restart_mid_resize_leaves_one_pod_per_worker(
         assert second_status.get("phase") in ("Running", "Resizing")
     finally:
         second.stop()
+
+
+@pytest.mark.parametrize("signal", ["cordon", "node-deleted", "karpenter-disrupted"])
+def test_other_interruption_signals_drain_the_worker(
+    bed: Bed, operator: OperatorProcess, signal: str
+) -> None:
+    for i in range(2):
+        bed.node(f"spot-{i}", "spot")
+    bed.node("od-0", "on-demand", gpus=0)
+    bed.create_job("sig", max_workers=2)
+    _reaches(bed, "sig", 2, operator)
+    victim_pod, victim_node = sorted(_worker_nodes(bed, "sig").items())[0]
+    if signal == "cordon":
+        bed.core.patch_node(victim_node, {"spec": {"unschedulable": True}})
+        reason = "NodeCordoned"
+    elif signal == "node-deleted":
+        bed.core.delete_node(victim_node)
+        reason = "NodeDeleted"
+    else:
+        bed.taint(victim_node, "karpenter.sh/disrupted")
+        reason = "NodeDisrupted"
+
+    def gone() -> bool:
+        pod = next((p for p in bed.pods("sig") if p.metadata.name == victim_pod), None)
+        return pod is None or pod.metadata.deletion_timestamp is not None or pod.spec.node_name != victim_node
+
+    bed.wait(f"worker drained after {signal}", gone, 30)
+    bed.wait(
+        f"{reason} recorded",
+        lambda: any(r.get("reason") == reason for r in bed.status("sig").get("resizeHistory", [])),
+        30,
+    )
+
+
+def test_suspend_stops_everything_and_resume_restarts(bed: Bed, operator: OperatorProcess) -> None:
+    for i in range(2):
+        bed.node(f"spot-{i}", "spot")
+    bed.node("od-0", "on-demand", gpus=0)
+    bed.create_job("pause", max_workers=2)
+    _reaches(bed, "pause", 2, operator)
+    patch = {"spec": {"suspend": True}}
+    bed.custom.patch_namespaced_custom_object(
+        "etj.dev", "v1alpha1", bed.ns, "elastictrainingjobs", "pause", patch
+    )
+    bed.wait(
+        "all pods gone", lambda: not [p for p in bed.pods("pause") if not p.metadata.deletion_timestamp], 30
+    )
+    bed.wait("Suspended phase", lambda: bed.status("pause").get("phase") == "Suspended", 30)
+    patch = {"spec": {"suspend": False}}
+    bed.custom.patch_namespaced_custom_object(
+        "etj.dev", "v1alpha1", bed.ns, "elastictrainingjobs", "pause", patch
+    )
+    _reaches(bed, "pause", 2, operator)
