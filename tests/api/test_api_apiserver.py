@@ -29,6 +29,28 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _committed_crd(cluster: Cluster) -> None:
+    """Install this checkout's CRD and wait until the apiserver enforces it.
+
+    The local cluster is shared by every test session on the machine, and another checkout may have
+    installed a different revision of the CRD since the session fixture applied ours.
+    """
+    crd_file = REPO / "crds" / crd.CRD_FILE
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_file))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd.CRD_NAME}")
+    probe = CASES[[c.id for c in CASES].index("toleration-exists-with-value")].manifest("probe")
+
+    def enforced() -> bool:
+        # A CEL-only rejection proves the new schema, rules included, is what serves requests.
+        dry = cluster.kubectl(
+            "create", "--dry-run=server", "-n", "default", "-f", "-", input=yaml.safe_dump(probe), check=False
+        )
+        return dry.returncode != 0 and "operator Exists must not set value" in dry.stderr
+
+    cluster.wait_for("the committed CRD to be enforced", enforced, timeout=30)
+
+
 def _apply(cluster: Cluster, namespace: str, doc: dict[str, Any]) -> Any:
     # kubectl apply asks the server for strict field validation, so unknown fields fail too.
     return cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc), check=False)

@@ -291,7 +291,9 @@ class ElasticTrainingJobSpec(ApiModel):
     model_config = {
         "json_schema_extra": rules(
             cel(
-                "self.training.globalBatchSize >= self.replicas.max * " + _PROCS_CEL,
+                # A non-positive batch already has its own error; do not report it twice.
+                "self.training.globalBatchSize < 1 || self.training.globalBatchSize >= self.replicas.max * "
+                + _PROCS_CEL,
                 "training.globalBatchSize must be at least one sample per training process at replicas.max "
                 "(replicas.max x GPUs per worker)",
                 field_path=".training.globalBatchSize",
