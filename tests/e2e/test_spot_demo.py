@@ -82,13 +82,16 @@ def test_interruption_and_scale_up_are_recorded_with_reasons_and_pauses(
     elastic, _ = runs
     assert [what for _, what in elastic.events if "interruption" in what], elastic.events
     history = _status(elastic).get("resizeHistory") or []
-    downs = [r for r in history if r["to"] < r["from"]]
-    ups = [r for r in history if r["to"] > r["from"] >= 1]
-    assert downs and ups, history
-    for resize in (downs[0], ups[-1]):
+    # Not the start-up ramp (0→1→…) nor the finish (n→0): a scale-in while training, then a scale-up.
+    downs = [i for i, r in enumerate(history) if 0 < r["to"] < r["from"]]
+    assert downs, history
+    ups = [r for r in history[downs[0] + 1 :] if r["to"] > r["from"] >= 1]
+    assert ups, history
+    downs_ = [history[i] for i in downs]
+    for resize in (downs_[0], ups[0]):
         assert resize.get("reason"), resize
         assert resize.get("pauseSeconds") is not None, resize
-    assert any("Spot" in r["reason"] or "Interrupt" in r["reason"] for r in downs), downs
+    assert any("Spot" in r["reason"] or "Interrupt" in r["reason"] for r in downs_), downs_
 
 
 def test_every_sample_is_seen_exactly_once_per_epoch(runs: tuple[DemoResult, DemoResult]) -> None:
