@@ -45,7 +45,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=100)
     p.add_argument("--workers-per-job", type=int, default=4)
     p.add_argument("--interrupt", type=int, default=50, help="spot nodes tainted at once")
-    p.add_argument("--settle-timeout", type=float, default=600)
+    p.add_argument("--settle-timeout", type=float, default=900)
+    p.add_argument("--settle-quiet", type=float, default=30, help="settled when no change for this long")
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     p.add_argument("--keep", action="store_true", help="leave nodes and namespace behind")
     p.add_argument("--seed", type=int, default=0)
@@ -83,6 +84,7 @@ def proc_usage(pid: int) -> dict[str, float]:
 
 
 def job_body(name: str, ns: str, workers: int, run: str) -> dict[str, Any]:
+    tol = {"key": BENCH_LABEL, "operator": "Equal", "value": run, "effect": "NoSchedule"}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ElasticTrainingJob",
@@ -94,7 +96,8 @@ def job_body(name: str, ns: str, workers: int, run: str) -> dict[str, Any]:
             "placement": {
                 "capacityTypes": ["spot"],
                 "nodeSelector": {BENCH_LABEL: run},
-                "rendezvous": {"nodeSelector": {BENCH_LABEL: run}},
+                "tolerations": [tol],
+                "rendezvous": {"nodeSelector": {BENCH_LABEL: run}, "tolerations": [tol]},
             },
             # Long cooldown: replacements are not part of what is measured.
             "scaling": {"cooldownSeconds": 3600, "scaleUpDelaySeconds": 0},
@@ -126,6 +129,8 @@ def main() -> int:
                     gpus=args.gpus_per_node,
                     provider="karpenter",
                     labels={BENCH_LABEL: run},
+                    # Tainted so pods of anyone else sharing the control plane stay off these nodes.
+                    taints=[{"key": BENCH_LABEL, "value": run, "effect": "NoSchedule"}],
                 )
             ),
             names,
@@ -176,7 +181,7 @@ def main() -> int:
                 range(args.jobs),
             )
         )
-        # Settled: every worker running, or no change for 15 s (spot capacity may be smaller than asked).
+        # Settled: every worker running, or no change for --settle-quiet seconds.
         want, last, stable_since = args.jobs * args.workers_per_job, -1, time.monotonic()
         deadline = time.monotonic() + args.settle_timeout
         running: list[Any] = []
@@ -185,7 +190,7 @@ def main() -> int:
             running = [p for p in pods if p.status.phase == "Running"]
             if len(running) != last:
                 last, stable_since = len(running), time.monotonic()
-            if len(running) >= want or (running and time.monotonic() - stable_since > 15):
+            if len(running) >= want or (running and time.monotonic() - stable_since > args.settle_quiet):
                 break
             time.sleep(2)
         result["settle_seconds"] = round(time.monotonic() - t0, 1)

@@ -91,6 +91,8 @@ def make_node(
         provider=provider,
         pool=f"{capacity}-pool",
         labels={TEST_LABEL: namespace},
+        # Tainted for this test only: other tests' pods cannot take its GPUs (and ours select the label).
+        taints=[{"key": TEST_LABEL, "value": namespace, "effect": "NoSchedule"}],
     )
     core.create_node(body)
     return name
@@ -99,6 +101,7 @@ def make_node(
 def job_manifest(
     name: str, namespace: str, *, min_workers: int = 1, max_workers: int = 3, **spec: Any
 ) -> dict[str, Any]:
+    toleration = {"key": TEST_LABEL, "operator": "Equal", "value": namespace, "effect": "NoSchedule"}
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ElasticTrainingJob",
@@ -110,7 +113,8 @@ def job_manifest(
             "placement": {
                 "capacityTypes": ["spot", "on-demand"],
                 "nodeSelector": {TEST_LABEL: namespace},
-                "rendezvous": {"nodeSelector": {TEST_LABEL: namespace}},
+                "tolerations": [toleration],
+                "rendezvous": {"nodeSelector": {TEST_LABEL: namespace}, "tolerations": [toleration]},
             },
             "scaling": {"cooldownSeconds": 0, "scaleUpDelaySeconds": 0},
             **spec,
