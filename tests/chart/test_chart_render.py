@@ -1,0 +1,426 @@
+"""The Helm chart, rendered by the real helm binary and parsed: what it creates, with which permissions and
+security settings, and which values it refuses. No cluster needed (tests/chart/test_chart_install.py
+installs it for real).
+"""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.chart.helmbed import (
+    CHART,
+    CRD_SOURCE,
+    KUBE_VERSION,
+    REPO,
+    documented_permissions,
+    find,
+    helm,
+    one,
+    rbac_file,
+    render,
+    restricted_violations,
+    rule_triples,
+    template_error,
+    value_args,
+)
+
+from etj_operator.api.models import CapacityType
+from etj_operator.runner import build_state, parse_args
+
+JSON = dict[str, Any]
+NS = "etj-system"
+
+
+def _operator_container(objs: list[JSON]) -> JSON:
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    container: JSON = pod["containers"][0]
+    return container
+
+
+def _operator_flags(objs: list[JSON]) -> Any:
+    """The rendered command line, parsed by the operator's own argument parser: a flag the chart passes
+    that the operator does not know fails here, not in a crash-looping pod."""
+    container = _operator_container(objs)
+    assert container["command"] == ["etj", "operator", "run"]
+    try:
+        return parse_args(container["args"])
+    except SystemExit as exc:  # argparse exits on unknown or malformed flags
+        raise AssertionError(f"the operator rejects the chart's args {container['args']}") from exc
+
+
+# ---- lint and the object set -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["watchNamespaces={team-a,team-b}", "metrics.serviceMonitor.enabled=true", "crds.install=false"],
+        ["metrics.enabled=false", "serviceAccount.create=false", "serviceAccount.name=existing"],
+    ],
+    ids=["defaults", "namespaced-servicemonitor-nocrd", "nometrics-own-sa"],
+)
+def test_helm_lint_strict_passes(sets: list[str]) -> None:
+    result = helm("lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, *value_args(sets=sets))
+    assert "0 chart(s) failed" in result.stdout, result.stdout
+
+
+def test_default_render_creates_exactly_the_operator_objects() -> None:
+    objs = render()
+    got = sorted((o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objs)
+    assert got == [
+        ("ClusterRole", "etj", None),
+        ("ClusterRoleBinding", "etj", None),
+        ("CustomResourceDefinition", "elastictrainingjobs.etj.dev", None),
+        ("Deployment", "etj", NS),
+        ("Service", "etj-metrics", NS),
+        ("ServiceAccount", "etj", NS),
+    ]
+    for obj in objs:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/instance"] == "etj"
+
+
+# ---- the Deployment --------------------------------------------------------------------------------
+
+
+def test_deployment_is_one_replica_recreate_with_the_chart_service_account() -> None:
+    objs = render()
+    deploy = one(objs, "Deployment")
+    assert deploy["spec"]["replicas"] == 1
+    # kopf has no leader election: a rolling update would run two operators at once.
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    pod = deploy["spec"]["template"]
+    selector = deploy["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    # The operator's worker pods carry app.kubernetes.io/name=etj too; component keeps them out.
+    assert selector["app.kubernetes.io/component"] == "operator"
+    sa = one(objs, "ServiceAccount")
+    assert pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+    assert pod["spec"]["automountServiceAccountToken"] is True
+
+
+def test_operator_pod_is_pod_security_restricted_with_tmp_on_an_empty_dir() -> None:
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
+    assert restricted_violations(pod) == []
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = pod["containers"][0]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HOME"] == "/tmp"  # a read-only root: anything writing to $HOME lands on the emptyDir
+
+
+def test_the_checker_itself_flags_each_restricted_violation() -> None:
+    """The restricted checker must not pass everything: loosen one setting at a time and see it flagged."""
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
+    loosenings = {
+        "privileged": lambda p: p["containers"][0]["securityContext"].update(privileged=True),
+        "allowPrivilegeEscalation": lambda p: p["containers"][0]["securityContext"].update(
+            allowPrivilegeEscalation=True
+        ),
+        "capabilities": lambda p: p["containers"][0]["securityContext"].update(capabilities={}),
+        "runAsNonRoot": lambda p: (
+            p["securityContext"].pop("runAsNonRoot"),
+            p["containers"][0]["securityContext"].pop("runAsNonRoot"),
+        ),
+        "seccomp": lambda p: (
+            p["securityContext"].pop("seccompProfile"),
+            p["containers"][0]["securityContext"].pop("seccompProfile"),
+        ),
+        "hostPath": lambda p: p["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+        "hostNetwork": lambda p: p.update(hostNetwork=True),
+        "readOnlyRootFilesystem": lambda p: p["containers"][0]["securityContext"].update(
+            readOnlyRootFilesystem=False
+        ),
+    }
+    for what, loosen in loosenings.items():
+        copy = yaml.safe_load(yaml.safe_dump(pod))
+        loosen(copy)
+        assert restricted_violations(copy), f"{what} not flagged"
+
+
+def test_security_context_cannot_be_loosened_from_values() -> None:
+    err = template_error(sets=["podSecurityContext.runAsUser=0"])
+    assert "/podSecurityContext/runAsUser" in err
+    err = template_error(values={"securityContext": {"privileged": True}})
+    assert "securityContext" in err and "not allowed" in err
+
+
+def test_every_rendered_flag_is_one_the_operator_accepts() -> None:
+    args = _operator_flags(render())
+    assert args.all_namespaces is True and args.namespace == []
+    assert (args.metrics_port, args.liveness_port) == (9090, 8080)
+    assert (args.resync_seconds, args.progress_seconds, args.worker_grace_seconds) == (30.0, 10.0, 90)
+    assert args.default_capacity_type == "on-demand"
+
+
+def test_node_pool_label_overrides_reach_the_operators_capacity_rules() -> None:
+    values = {
+        "nodePools": {
+            "spotLabels": {"node.example.com/lifecycle": "spot", "pool-kind": "preemptible"},
+            "onDemandLabels": {"node.example.com/lifecycle": "normal"},
+            "defaultCapacityType": "spot",
+        }
+    }
+    args = _operator_flags(render(values))
+    rules = build_state(args).rules
+    assert set(rules.extra) == {
+        ("node.example.com/lifecycle", "spot", CapacityType.SPOT),
+        ("pool-kind", "preemptible", CapacityType.SPOT),
+        ("node.example.com/lifecycle", "normal", CapacityType.ON_DEMAND),
+    }
+    assert rules.default == CapacityType.SPOT
+
+
+def test_operator_tuning_values_become_flags() -> None:
+    values = {
+        "operator": {
+            "resyncSeconds": 5,
+            "progressSeconds": 0,
+            "workerGraceSeconds": 60,
+            "livenessPort": 18080,
+            "verbose": True,
+            "extraEnv": [{"name": "EXTRA", "value": "1"}],
+        },
+        "metrics": {"port": 19090},
+    }
+    objs = render(values)
+    args = _operator_flags(objs)
+    assert (args.resync_seconds, args.progress_seconds, args.worker_grace_seconds) == (5.0, 0.0, 60)
+    assert (args.metrics_port, args.liveness_port, args.verbose) == (19090, 18080, True)
+    container = _operator_container(objs)
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"healthz": 18080, "metrics": 19090}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert {"name": "EXTRA", "value": "1"} in container["env"]
+    service = one(objs, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 19090, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+
+
+def test_default_trainer_image_and_operator_image_values() -> None:
+    objs = render({"trainer": {"image": "registry.example.com/etj-trainer:1.2.3"}})
+    container = _operator_container(objs)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ETJ_DEFAULT_TRAINER_IMAGE"] == "registry.example.com/etj-trainer:1.2.3"
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert container["image"] == f"ghcr.io/etj-dev/etj-operator:{chart['appVersion']}"
+    digest = "sha256:" + "a" * 64
+    pinned = _operator_container(render({"image": {"repository": "r.example.com/op", "digest": digest}}))
+    assert pinned["image"] == f"r.example.com/op@{digest}"
+
+
+# ---- RBAC ------------------------------------------------------------------------------------------
+
+
+def test_rbac_file_is_exactly_the_documented_operator_permissions() -> None:
+    rules = rbac_file()
+    assert rule_triples(rules["cluster"] + rules["namespaced"]) == documented_permissions()
+
+
+def test_all_namespaces_mode_binds_one_cluster_role_with_exactly_the_rbac_file() -> None:
+    objs = render()
+    role = one(objs, "ClusterRole")
+    rules = rbac_file()
+    assert role["rules"] == rules["cluster"] + rules["namespaced"]
+    binding = one(objs, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "etj",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "etj", "namespace": NS}]
+    assert not find(objs, "Role") and not find(objs, "RoleBinding")
+
+
+def test_rbac_has_no_wildcards_no_secrets_and_no_writes_beyond_what_the_operator_does() -> None:
+    for objs in (render(), render({"watchNamespaces": ["a", "b"]})):
+        rules = [r for o in objs if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
+        for rule in rules:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], rule
+            assert not rule.get("nonResourceURLs") and not rule.get("resourceNames"), rule
+        triples = rule_triples(rules)
+        resources = {r for _, r, _ in triples}
+        assert not resources & {"secrets", "configmaps", "serviceaccounts", "roles", "rolebindings"}
+        writes = {(r, v) for _, r, v in triples if v not in ("get", "list", "watch")}
+        assert writes == {
+            ("pods", "create"),
+            ("pods", "delete"),
+            ("services", "create"),
+            ("events", "create"),
+            ("events", "patch"),
+            ("elastictrainingjobs", "delete"),
+            ("elastictrainingjobs/status", "patch"),
+        }
+
+
+def test_watch_namespaces_grants_namespaced_rules_only_there() -> None:
+    objs = render({"watchNamespaces": ["team-a", "team-b"]})
+    rules = rbac_file()
+    assert one(objs, "ClusterRole")["rules"] == rules["cluster"]
+    roles = {r["metadata"]["namespace"]: r for r in find(objs, "Role")}
+    assert set(roles) == {"team-a", "team-b"}
+    for role in roles.values():
+        assert role["rules"] == rules["namespaced"]
+    bindings = {b["metadata"]["namespace"]: b for b in find(objs, "RoleBinding")}
+    assert set(bindings) == {"team-a", "team-b"}
+    for binding in bindings.values():
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "etj", "namespace": NS}]
+    args = _operator_flags(objs)
+    assert args.namespace == ["team-a", "team-b"] and not args.all_namespaces
+
+
+def test_rbac_change_rolls_the_operator_pod() -> None:
+    # The checksum annotation is what restarts the pod when the rules change on upgrade.
+    annotations = one(render(), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert len(annotations["checksum/rbac"]) == 64
+
+
+# ---- the CRD ---------------------------------------------------------------------------------------
+
+
+def test_chart_crd_is_a_link_to_the_single_generated_source() -> None:
+    link = CHART / "files" / "crd.yaml"
+    assert link.is_symlink(), "charts/etj/files/crd.yaml must be a symlink to crds/, never a copy"
+    assert link.resolve() == CRD_SOURCE.resolve()
+
+
+def _strip_chart_metadata(crd: JSON) -> JSON:
+    crd = yaml.safe_load(yaml.safe_dump(crd))
+    meta = crd["metadata"]
+    meta.pop("annotations", None)
+    meta["labels"] = {k: v for k, v in meta["labels"].items() if not k.startswith(("helm.sh/", "app.kuber"))}
+    return crd
+
+
+def test_rendered_crd_is_the_generated_crd_plus_helm_metadata_with_keep_policy() -> None:
+    source = yaml.safe_load(CRD_SOURCE.read_text())
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    assert _strip_chart_metadata(crd) == _strip_chart_metadata(source)
+    # Emitted as text, not re-serialised: integer bounds stay integers (toYaml would make them floats).
+    raw = helm(
+        "template", "etj", str(CHART), "--kube-version", KUBE_VERSION, "--show-only", "templates/crd.yaml"
+    ).stdout
+    assert "e+" not in raw
+    assert raw.split("\nspec:\n", 1)[1] == CRD_SOURCE.read_text().split("\nspec:\n", 1)[1]
+
+
+def test_crd_toggle_and_keep_policy_are_values() -> None:
+    assert not find(render({"crds": {"install": False}}), "CustomResourceDefinition")
+    crd = one(render({"crds": {"keep": False}}), "CustomResourceDefinition")
+    assert "annotations" not in crd["metadata"]
+
+
+def test_packaged_chart_carries_the_crd_content_not_a_link(tmp_path: Path) -> None:
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("etj-*.tgz")
+    with tarfile.open(archive) as tar:
+        member = tar.getmember("etj/files/crd.yaml")
+        assert member.isfile()
+        data = tar.extractfile(member)
+        assert data is not None and data.read().decode() == CRD_SOURCE.read_text()
+
+
+# ---- metrics ---------------------------------------------------------------------------------------
+
+
+def test_metrics_service_selects_only_the_operator_pod_and_service_monitor_is_optional() -> None:
+    objs = render()
+    service = one(objs, "Service")
+    pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "operator"
+    assert not find(objs, "ServiceMonitor")
+    monitored = render(
+        {"metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}}}}
+    )
+    monitor = one(monitored, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+
+
+def test_metrics_disabled_means_no_service_and_no_listener() -> None:
+    objs = render({"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}})
+    assert not find(objs, "Service") and not find(objs, "ServiceMonitor")
+    assert _operator_flags(objs).metrics_port == 0
+
+
+# ---- values.schema.json ----------------------------------------------------------------------------
+
+BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("unknown top-level key", {"replicaCount": 2}, ["additional properties 'replicaCount' not allowed"]),
+    ("unknown nested key", {"operator": {"resync": 5}}, ["/operator", "'resync' not allowed"]),
+    ("zero grace", {"operator": {"workerGraceSeconds": 0}}, ["/operator/workerGraceSeconds", "minimum"]),
+    ("grace as string", {"operator": {"workerGraceSeconds": "90"}}, ["/operator/workerGraceSeconds"]),
+    ("negative resync", {"operator": {"resyncSeconds": -1}}, ["/operator/resyncSeconds"]),
+    (
+        "capacity type",
+        {"nodePools": {"defaultCapacityType": "preemptible"}},
+        ["/nodePools/defaultCapacityType", "'on-demand', 'spot'"],
+    ),
+    ("label key with a space", {"nodePools": {"spotLabels": {"bad key": "x"}}}, ["'bad key'"]),
+    ("label value too odd", {"nodePools": {"spotLabels": {"lifecycle": "-spot"}}}, ["/nodePools/spotLabels"]),
+    ("namespace name", {"watchNamespaces": ["Team_A"]}, ["/watchNamespaces/0", "'Team_A'"]),
+    ("namespace list as string", {"watchNamespaces": "team-a"}, ["/watchNamespaces", "want array"]),
+    ("pull policy", {"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy"]),
+    ("digest", {"image": {"digest": "sha256:abc"}}, ["/image/digest"]),
+    ("root user", {"podSecurityContext": {"runAsUser": 0}}, ["/podSecurityContext/runAsUser"]),
+    ("port range", {"metrics": {"port": 70000}}, ["/metrics/port", "maximum"]),
+    ("crds.install type", {"crds": {"install": "yes"}}, ["/crds/install", "want boolean"]),
+    ("scrape interval", {"metrics": {"serviceMonitor": {"interval": "often"}}}, ["/metrics/serviceMonitor"]),
+    ("extra arg not a flag", {"operator": {"extraArgs": ["rm -rf"]}}, ["/operator/extraArgs/0"]),
+    ("trainer image empty", {"trainer": {"image": ""}}, ["/trainer/image"]),
+]
+
+
+@pytest.mark.parametrize(("values", "expected"), [c[1:] for c in BAD_VALUES], ids=[c[0] for c in BAD_VALUES])
+def test_schema_rejects_bad_values_naming_the_field(values: dict[str, Any], expected: list[str]) -> None:
+    err = template_error(values)
+    assert "values don't meet the specifications of the schema" in err
+    for fragment in expected:
+        assert fragment in err, err
+
+
+def test_schema_accepts_every_documented_knob() -> None:
+    values = {
+        "image": {"repository": "registry.example.com:5000/etj/op", "tag": "v0.1.0-rc.1"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}},
+        "nodePools": {"spotLabels": {"example.com/lifecycle": "Ec2Spot"}},
+        "operator": {"extraArgs": ["--verbose"]},
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"cpu": 1}},
+        "nodeSelector": {"eks.amazonaws.com/capacityType": "ON_DEMAND"},
+        "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+        "priorityClassName": "system-cluster-critical",
+    }
+    deploy = one(render(values), "Deployment")["spec"]["template"]["spec"]
+    assert deploy["nodeSelector"] == {"eks.amazonaws.com/capacityType": "ON_DEMAND"}
+    assert deploy["priorityClassName"] == "system-cluster-critical"
+    assert deploy["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_chart_does_not_hardcode_this_repository_paths() -> None:
+    # A packaged chart is used far from this checkout: templates must not point into it.
+    for path in (CHART / "templates").iterdir():
+        assert str(REPO) not in path.read_text(), path
