@@ -290,8 +290,8 @@ CASES: list[Case] = [
     Case(
         "capacity-duplicate",
         _set("spec.placement.rendezvous", {"capacityTypes": ["spot", "spot"]}),
-        "spec.placement.rendezvous.capacityTypes[1]",
-        "Duplicate value",
+        "spec.placement.rendezvous.capacityTypes",
+        "capacityTypes must not list a value twice",
         pydantic_why="duplicate capacity type",
     ),
     Case(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,13 @@ def test_generator_inlines_refs_and_drops_null() -> None:
         "description": "outer",
         "properties": {"n": {"type": "integer", "description": "n"}},
     }
+
+
+def test_python_dash_m_checks_the_committed_files() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "etj_operator.api.crd", "generate", "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_module_entry_point_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -307,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         stale.append(path)
         if not opts.check:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            # Write-then-rename: a concurrent `kubectl apply -f crds/` never reads a half-written file.
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
     verb = "out of date" if opts.check else "wrote"
     for path in stale:
         print(f"{verb}: {path}", file=sys.stderr)

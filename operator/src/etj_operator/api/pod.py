@@ -325,7 +325,12 @@ def _unique_capacity(value: list[CapacityType]) -> list[CapacityType]:
 CapacityTypes = Annotated[
     list[CapacityType], Field(min_length=1, max_length=2), AfterValidator(_unique_capacity)
 ]
-_CAPACITY_LIST = {"x-kubernetes-list-type": "set"}
+# The order is a preference, so the list is atomic (a "set" is unordered for server-side apply) and
+# uniqueness is a CEL rule instead.
+_CAPACITY_LIST: dict[str, Any] = {
+    "x-kubernetes-list-type": "atomic",
+    **rules(cel("self.all(c, self.exists_one(d, d == c))", "capacityTypes must not list a value twice")),
+}
 
 
 class RendezvousPlacement(ApiModel):
