@@ -22,7 +22,7 @@ from etj_operator.demo import Demo, DemoResult, Script, write_timeline
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
-EPOCHS = int(os.environ.get("ETJ_E2E_EPOCHS", "8"))  # long enough for an interruption and a return
+EPOCHS = int(os.environ.get("ETJ_E2E_EPOCHS", "6"))  # long enough for an interruption and a return
 ACCURACY_POINTS = 0.5
 
 
