@@ -92,3 +92,18 @@ def test_condition_transition_time_only_moves_on_a_transition() -> None:
     assert [c.last_transition_time for c in first.conditions] == [
         c.last_transition_time for c in later.conditions
     ]
+
+
+def _capacity(st: object) -> tuple[str, str]:
+    cond = next(c for c in st.conditions if c.type == "CapacityAvailable")  # type: ignore[attr-defined]
+    return cond.status.value, cond.reason
+
+
+def test_capacity_condition_below_min_without_room() -> None:
+    from tests.unit.factories import spec
+
+    job_view = job(spec(replicas={"min": 3, "max": 4}), started(1))
+    st = plan(job_view, observe(cluster(spot=1), [RUNNING[0], store()])).status
+    assert _capacity(st) == ("False", "InsufficientCapacity")
+    st = plan(job_view, observe(cluster(spot=4), [RUNNING[0], store()])).status
+    assert _capacity(st) == ("True", "EnoughCapacity")

@@ -104,30 +104,48 @@ def interruption_of(pod: PodInfo, obs: Observed) -> Signal | None:
     return node.signal
 
 
-def free_worker_slots(spec: ElasticTrainingJobSpec, obs: Observed, *, settled_before: datetime | None) -> int:
-    """Workers that would fit on eligible nodes now (or on nodes Ready since before ``settled_before``)."""
+@dataclass(frozen=True)
+class FreeCapacity:
+    """Room for more workers on eligible nodes, and how much of it is older than the scale-up delay."""
+
+    total: int = 0
+    settled: int = 0
+    young_since: datetime | None = None  # earliest Ready time among nodes still inside the delay
+
+
+def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
+    """One pass over the nodes (this runs on every reconcile of every job, so it stays cheap)."""
     res = spec.trainer.resources
+    allowed = set(spec.placement.capacity_types)
+    selector = spec.placement.node_selector
     tolerations = [
         *capacity_tolerations(spec.placement.capacity_types),
         *(t.to_dict() for t in spec.placement.tolerations),
     ]
-    total = 0
+    cutoff = obs.now - timedelta(seconds=spec.scaling.scale_up_delay_seconds)
+    total = settled = 0
+    young: datetime | None = None
     for node in obs.nodes.values():
-        if settled_before is not None and node.ready_since is not None and node.ready_since > settled_before:
+        # Cheap rejections first; fits() re-checks them, the taint matching is the expensive part.
+        if node.capacity_type not in allowed or not node.schedulable:
             continue
-        if not fits(
-            node,
-            capacity_types=spec.placement.capacity_types,
-            node_selector=spec.placement.node_selector,
-            tolerations=tolerations,
-        ):
+        if res.gpu and node.gpus(res.gpu_resource_name) < res.gpu:
+            continue
+        if not fits(node, capacity_types=allowed, node_selector=selector, tolerations=tolerations):
             continue
         if res.gpu == 0:
-            total += spec.replicas.max  # CPU workers: the scheduler decides; count the node as roomy
+            room = spec.replicas.max  # CPU workers: the scheduler decides; count the node as roomy
+        else:
+            used = obs.node_usage.get(node.name, {}).get(res.gpu_resource_name, 0)
+            room = max(0, node.gpus(res.gpu_resource_name) - used) // res.gpu
+        if not room:
             continue
-        used = obs.node_usage.get(node.name, {}).get(res.gpu_resource_name, 0)
-        total += max(0, node.gpus(res.gpu_resource_name) - used) // res.gpu
-    return total
+        total += room
+        if node.ready_since is not None and node.ready_since > cutoff:
+            young = node.ready_since if young is None else min(young, node.ready_since)
+        else:
+            settled += room
+    return FreeCapacity(total, settled, young)
 
 
 def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:
@@ -209,8 +227,11 @@ def plan(job: JobView, obs: Observed) -> Plan:
         survivors = [p for p in survivors if p.name not in dropped]
 
     # 4. Refill missing workers. Pending pods are the demand signal for Karpenter/cluster-autoscaler.
+    # Free capacity costs a pass over every node; it is computed only when a decision needs it (not on the
+    # drain path, where latency matters and all jobs on lost nodes reconcile at once).
+    lazy = _LazyCapacity(spec, obs)
     if stop_reason is None:
-        out.create_workers = _free_slots(workers, _workers_to_add(job, obs, out, len(survivors)))
+        out.create_workers = _free_slots(workers, _workers_to_add(job, obs, out, len(survivors), lazy))
 
     # 5. Rendezvous store: one pod per job on capacity that is not reclaimed, behind a headless Service.
     rdzv_spec = spec.placement.rendezvous
@@ -240,13 +261,14 @@ def plan(job: JobView, obs: Observed) -> Plan:
         out.create_rendezvous = not rdzv  # same fixed name: wait until a terminating one is gone
 
     # 6. Status, events, TTL.
+    running = sum(1 for p in survivors if p.running)
     inputs = StatusInputs(
         job=job.name,
         generation=job.generation,
         now=now,
         prev=prev,
         spec=spec,
-        running=sum(1 for p in survivors if p.running),
+        running=running,
         desired=0 if stop_reason is not None else spec.replicas.max,
         drains=out.drains,
         failures=failures,
@@ -255,7 +277,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         suspended=spec.suspend and not terminal,
         terminating=any(p.terminating for p in workers),
         rendezvous_running=any(p.running for p in live_rdzv),
-        free_slots=free_worker_slots(spec, obs, settled_before=None),
+        # Below min is the only time "is there room for min?" is a question; skip the pass otherwise.
+        free_slots=lazy.get().total if running < spec.replicas.min else None,
         progress=obs.progress,
         progress_time=obs.progress_time,
     )
@@ -269,7 +292,18 @@ def plan(job: JobView, obs: Observed) -> Plan:
     return out
 
 
-def _workers_to_add(job: JobView, obs: Observed, out: Plan, survivors: int) -> int:
+class _LazyCapacity:
+    def __init__(self, spec: ElasticTrainingJobSpec, obs: Observed) -> None:
+        self.spec, self.obs = spec, obs
+        self.value: FreeCapacity | None = None
+
+    def get(self) -> FreeCapacity:
+        if self.value is None:
+            self.value = free_capacity(self.spec, self.obs)
+        return self.value
+
+
+def _workers_to_add(job: JobView, obs: Observed, out: Plan, survivors: int, lazy: _LazyCapacity) -> int:
     """How many new worker pods to create now; sets a requeue when a timer will allow more later."""
     spec, prev, now = job.spec, job.status, obs.now
     missing = spec.replicas.max - survivors
@@ -292,18 +326,10 @@ def _workers_to_add(job: JobView, obs: Observed, out: Plan, survivors: int) -> i
         out.requeue((last + cooldown - now).total_seconds())
         return urgent
     delay = timedelta(seconds=spec.scaling.scale_up_delay_seconds)
-    if delay:
-        # Capacity that just appeared must survive scaleUpDelaySeconds first (spot flapping); when there
-        # is no free capacity at all, pending pods are exactly what asks the autoscaler for nodes.
-        settled = free_worker_slots(spec, obs, settled_before=now - delay)
-        fresh = free_worker_slots(spec, obs, settled_before=None) - settled
-        if fresh > 0 and settled < rest:
-            young = [
-                n.ready_since
-                for n in obs.nodes.values()
-                if n.ready_since is not None and n.ready_since > now - delay
-            ]
-            if young:
-                out.requeue((min(young) + delay - now).total_seconds())
-            return urgent + settled
+    # Capacity that just appeared must survive scaleUpDelaySeconds first (spot flapping); when there is
+    # no free capacity at all, pending pods are exactly what asks the autoscaler for nodes.
+    capacity = lazy.get() if delay else None
+    if capacity is not None and capacity.young_since is not None and capacity.settled < rest:
+        out.requeue((capacity.young_since + delay - now).total_seconds())
+        return urgent + capacity.settled
     return missing

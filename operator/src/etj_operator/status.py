@@ -53,7 +53,7 @@ class StatusInputs:
     suspended: bool
     terminating: bool  # worker pods still shutting down
     rendezvous_running: bool
-    free_slots: int  # more workers that would fit on eligible nodes now
+    free_slots: int | None  # more workers that would fit on eligible nodes now; None: not computed (≥ min)
     progress: Mapping[str, Any] | None = None
     progress_time: datetime | None = None
 
@@ -268,14 +268,22 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
         generation=gen,
         now=now,
     )
-    reachable = inp.running + inp.free_slots
-    enough = reachable >= spec.replicas.min
+    if inp.free_slots is None:
+        enough, capacity_msg = (
+            True,
+            f"{inp.running} workers running, at least replicas.min ({spec.replicas.min})",
+        )
+    else:
+        reachable = inp.running + inp.free_slots
+        enough = reachable >= spec.replicas.min
+        room = min(reachable, spec.replicas.max)
+        capacity_msg = f"room for {room} of {spec.replicas.min}..{spec.replicas.max} workers"
     conds = set_condition(
         conds,
         ConditionType.CAPACITY_AVAILABLE,
         enough,
         "EnoughCapacity" if enough else "InsufficientCapacity",
-        f"room for {min(reachable, spec.replicas.max)} of {spec.replicas.min}..{spec.replicas.max} workers",
+        capacity_msg,
         generation=gen,
         now=now,
     )
