@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -96,21 +97,19 @@ def test_gpu_pod_is_bound_by_the_scheduler_to_a_kwok_gpu_node_and_runs(
         cluster.kubectl("delete", "node", gpu_node, cpu_node, "--wait=false", check=False)
 
 
-def test_rbac_and_service_account_tokens_are_enforced(cluster: Cluster, namespace: str) -> None:
+def test_rbac_and_service_account_tokens_are_enforced(
+    cluster: Cluster, namespace: str, tmp_path: Path
+) -> None:
     sa = f"system:serviceaccount:{namespace}:default"
-    assert (
-        cluster.kubectl(
-            "auth", "can-i", "list", "pods", "-n", namespace, "--as", sa, check=False
-        ).stdout.strip()
-        == "no"
-    )
+    can_i = cluster.kubectl("auth", "can-i", "list", "pods", "-n", namespace, "--as", sa, check=False)
+    assert can_i.stdout.strip() == "no"
     token = cluster.kubectl("create", "token", "default", "-n", namespace).stdout.strip()
     assert token.count(".") == 2  # a signed JWT from the TokenRequest API
+    as_sa = Cluster(cluster.token_kubeconfig(token, tmp_path / "sa.kubeconfig"), cluster.kubectl_bin)
     # The token authenticates (whoami answers with the SA) but RBAC forbids listing pods.
-    who = cluster.kubectl("auth", "whoami", "--token", token, "-o", "json", check=False)
-    assert who.returncode == 0, who.stderr
+    who = as_sa.kubectl("auth", "whoami", "-o", "json")
     assert json.loads(who.stdout)["status"]["userInfo"]["username"] == sa
-    denied = cluster.kubectl("get", "pods", "-n", namespace, "--token", token, check=False)
+    denied = as_sa.kubectl("get", "pods", "-n", namespace, check=False)
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
     cluster.kubectl(
         "create",
@@ -123,10 +122,10 @@ def test_rbac_and_service_account_tokens_are_enforced(cluster: Cluster, namespac
     )
     cluster.wait_for(
         "the RoleBinding to take effect",
-        lambda: (
-            cluster.kubectl("get", "pods", "-n", namespace, "--token", token, check=False).returncode == 0
-        ),
+        lambda: as_sa.kubectl("get", "pods", "-n", namespace, check=False).returncode == 0,
     )
+    # Still namespaced: the binding grants nothing cluster-wide.
+    assert as_sa.kubectl("get", "nodes", check=False).returncode != 0
 
 
 def test_cluster_up_is_idempotent(cluster: Cluster) -> None:

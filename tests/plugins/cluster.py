@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +44,15 @@ class Cluster:
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
         return result
+
+    def token_kubeconfig(self, token: str, path: Path) -> Path:
+        """A kubeconfig that authenticates with `token` only (no admin client certificate) at `path`."""
+        admin = yaml.safe_load(self.kubeconfig.read_text())
+        admin["users"] = [{"name": "token", "user": {"token": token}}]
+        admin["contexts"][0]["context"]["user"] = "token"
+        path.write_text(yaml.safe_dump(admin))
+        path.chmod(0o600)
+        return path
 
     def wait_for(self, what: str, predicate: Callable[[], bool], timeout: float = 60) -> None:
         """Poll `predicate` until true; fail with `what` after `timeout` seconds (convergence, not speed)."""
