@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
@@ -100,3 +101,10 @@ def test_fetch_progress_reads_the_store_endpoint() -> None:
         assert asyncio.run(go()) == (payload, None)
     finally:
         server.shutdown()
+
+
+def test_pods_of_an_earlier_job_with_the_same_name_are_ignored() -> None:
+    world = StaticWorld(
+        [replace(worker(0, "n0"), owner_uid="old-uid"), replace(worker(1, "n1"), owner_uid="new")]
+    )
+    assert [p.name for p in _runner(world)._owned("new")] == ["train-worker-1"]

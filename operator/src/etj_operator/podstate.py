@@ -31,6 +31,7 @@ class PodInfo:
     created: datetime | None = None
     scheduled_at: datetime | None = None
     requests: Mapping[str, int] = field(default_factory=dict)
+    owner_uid: str = ""  # uid of the controlling ElasticTrainingJob
 
     @property
     def active(self) -> bool:
@@ -86,4 +87,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         created=parse_time(meta.get("creationTimestamp")),
         scheduled_at=scheduled_at,
         requests=countable_requests(spec),
+        owner_uid=next(
+            (o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("controller")), ""
+        ),
     )

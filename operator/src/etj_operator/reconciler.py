@@ -119,6 +119,10 @@ class JobRunner:
         pods += [info for info, _ in self.expect_create.values()]
         return pods
 
+    def _owned(self, uid: str) -> list[PodInfo]:
+        # Pods of an earlier job with the same name (not yet garbage-collected) are not ours.
+        return [p for p in self._pods() if not p.owner_uid or p.owner_uid == uid]
+
     def _job(self) -> JobView | None:
         body = self.body
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -141,7 +145,7 @@ class JobRunner:
         job = self._job()
         if job is None:
             return None
-        pods = self._pods()
+        pods = self._owned(job.uid)
         obs = Observed(
             nodes=self.world.nodes(),
             pods=pods,
