@@ -41,7 +41,7 @@ def run(seed: int, ramp_steps: int, base_lr: float, t0: int, steps: int) -> tupl
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     with torch.no_grad():
         acc = float((model(val.images).argmax(1) == val.labels).float().mean())
     return statistics.mean(losses[-20:]), acc

@@ -197,6 +197,12 @@ def main() -> int:
         result["workers_running"] = len(running)
         time.sleep(5)  # let status writes and events drain before the measured window
 
+        node_list = core.list_node(label_selector=f"{BENCH_LABEL}={run}").items
+        result["nodes_not_ready_before_interruption"] = sum(
+            1
+            for n in node_list
+            if not any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+        )
         by_node: dict[str, list[str]] = {}
         for p in running:
             by_node.setdefault(p.spec.node_name, []).append(p.metadata.name)
@@ -204,22 +210,41 @@ def main() -> int:
         victim_pods = {pod: node for node in victims for pod in by_node[node]}
 
         seen: dict[str, float] = {}
+        late: set[str] = set()  # found by a re-list after a broken watch: time is only an upper bound
         done = threading.Event()
-        w = watch.Watch()
+        stop_at = time.monotonic() + 120
+
+        def note(pod: Any, deleted: bool, relisted: bool = False) -> None:
+            name = pod.metadata.name
+            if name in victim_pods and name not in seen and (deleted or pod.metadata.deletion_timestamp):
+                seen[name] = time.monotonic()
+                if relisted:
+                    late.add(name)
 
         def watch_pods() -> None:
-            rv = core.list_namespaced_pod(ns).metadata.resource_version
-            for ev in w.stream(core.list_namespaced_pod, ns, resource_version=rv, timeout_seconds=120):
-                pod = ev["object"]
-                name = pod.metadata.name
-                if (
-                    name in victim_pods
-                    and name not in seen
-                    and (pod.metadata.deletion_timestamp or ev["type"] == "DELETED")
-                ):
-                    seen[name] = time.monotonic()
-                    if len(seen) == len(victim_pods):
-                        break
+            # A loaded apiserver may cut watches; resume from the last resourceVersion, and after a
+            # re-list count what changed meanwhile as "late" rather than lose it.
+            listing = core.list_namespaced_pod(ns)
+            rv = listing.metadata.resource_version
+            while len(seen) < len(victim_pods) and time.monotonic() < stop_at:
+                try:
+                    for ev in watch.Watch().stream(
+                        core.list_namespaced_pod, ns, resource_version=rv, timeout_seconds=30
+                    ):
+                        rv = ev["object"].metadata.resource_version or rv
+                        note(ev["object"], ev["type"] == "DELETED")
+                        if len(seen) == len(victim_pods):
+                            break
+                except Exception:
+                    listing = core.list_namespaced_pod(ns)
+                    rv = listing.metadata.resource_version
+                    present = {p.metadata.name for p in listing.items}
+                    for p in listing.items:
+                        note(p, False, relisted=True)
+                    for name in victim_pods:
+                        if name not in present and name not in seen:
+                            seen[name] = time.monotonic()
+                            late.add(name)
             done.set()
 
         watcher = threading.Thread(target=watch_pods, daemon=True)
@@ -233,17 +258,21 @@ def main() -> int:
             core.patch_node(node, {"spec": {"taints": [{"key": TAINT, "effect": "NoSchedule"}]}})
 
         list(pool.map(taint, victims))
-        done.wait(90)
-        w.stop()
+        done.wait(120)
         time.sleep(5)  # the operator's follow-up work (status, events) belongs to the event's cost
         after, usage1 = scrape(port), proc_usage(op.pid)
-        lat = sorted(seen[p] - sent[n] for p, n in victim_pods.items() if p in seen)
-        q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else lat * 99
+        lat = sorted(seen[p] - sent[n] for p, n in victim_pods.items() if p in seen and p not in late)
+        q = (
+            statistics.quantiles(lat, n=100, method="inclusive")
+            if len(lat) > 1
+            else (lat or [float("nan")]) * 99
+        )
         api_calls = after.get("api_requests", 0) - before.get("api_requests", 0)
         result |= {
             "interrupted_nodes": len(victims),
             "drained_workers": len(lat),
-            "missed_workers": len(victim_pods) - len(lat),
+            "missed_workers": len(victim_pods) - len(seen),
+            "late_workers_excluded": len(late),
             "latency_seconds": {
                 "p50": round(q[49], 3),
                 "p99": round(q[98], 3),

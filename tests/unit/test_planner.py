@@ -246,6 +246,28 @@ CASES = [
         check=lambda p: p.status.failures == 0 or pytest.fail("counted"),
     ),
     Case(
+        "a node NotReady for a moment is given time to recover",
+        job(st=started(4)),
+        observe([*cluster(spot=3), node("spot-3", signal=Reason.NODE_NOT_READY)], [*RUNNING4, store()]),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        requeue=59,
+    ),
+    Case(
+        "a node NotReady past the grace period is drained",
+        job(st=started(4)),
+        observe(
+            [*cluster(spot=3), node("spot-3", signal=Reason.NODE_NOT_READY)],
+            [*RUNNING4, store()],
+            now=NOW + timedelta(seconds=61),
+        ),
+        creates=[],
+        drains=[("train-worker-3", Reason.NODE_NOT_READY)],
+        phase=Phase.RESIZING,
+        requeue=60,
+    ),
+    Case(
         "deleted node drains its worker",
         job(st=started(4)),
         observe(cluster(spot=3), [*RUNNING4, store()], deleted_nodes={"spot-3": NOW}),

@@ -27,6 +27,9 @@ from etj_operator.workload import capacity_tolerations
 # A pod bound to a node the index has never seen is only "on a deleted node" after this long: watches
 # of different resources are not ordered, so a fresh node may reach us after the pod bound to it.
 NODE_MISSING_GRACE = timedelta(seconds=60)
+# A NotReady node (kubelet restart, network blip, an overloaded control plane) often recovers within
+# seconds; draining would cost a resize for nothing. Kubernetes itself evicts only after 300 s.
+NOT_READY_GRACE = timedelta(seconds=60)
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,16 @@ def interruption_of(pod: PodInfo, obs: Observed) -> Signal | None:
         if bound is not None and obs.now - bound > NODE_MISSING_GRACE:
             return Signal(Reason.NODE_DELETED, f"node {pod.node} no longer exists")
         return None
+    if node.signal is not None and node.signal.reason == Reason.NODE_NOT_READY:
+        return node.signal if _not_ready_wait(node.signal, obs.now) == 0 else None
     return node.signal
+
+
+def _not_ready_wait(signal: Signal, now: datetime) -> float:
+    """Seconds until a NotReady signal counts (0: it counts now)."""
+    if signal.since is None:
+        return NOT_READY_GRACE.total_seconds()
+    return max(0.0, (signal.since + NOT_READY_GRACE - now).total_seconds())
 
 
 @dataclass(frozen=True)
@@ -179,6 +191,14 @@ def plan(job: JobView, obs: Observed) -> Plan:
         if sig is not None:
             out.drains.append(Drain(pod.name, sig.reason, sig.message, pod.node, sig.since))
             draining.add(pod.name)
+
+    # Look again when a NotReady node's grace period ends, even if no event arrives by then.
+    for pod in active:
+        node = obs.nodes.get(pod.node) if pod.node else None
+        if node is not None and node.signal is not None and node.signal.reason == Reason.NODE_NOT_READY:
+            wait = _not_ready_wait(node.signal, now)
+            if wait > 0:
+                out.requeue(wait)
 
     # 2. Crashed workers: count against the budget, delete so the slot is refilled.
     failures = prev.failures or 0
