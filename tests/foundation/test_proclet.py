@@ -40,7 +40,7 @@ from etj_operator.localcluster.proclet_nodes import (
     process_node,
     selector_for,
 )
-from etj_operator.localcluster.proclet_pod import MARK_ROOT, reap_marked
+from etj_operator.localcluster.proclet_proc import MARK_ROOT, reap_marked
 from etj_operator.localcluster.proclet_status import ContainerRun, exit_code, pod_status
 
 JSON = dict[str, Any]
@@ -341,6 +341,26 @@ def test_pod_runs_with_its_own_ip_resolved_env_and_exit_code(bed: Bed, code: int
         "ETJ_SCRATCH_DIR": seen["cwd"],
         "cwd": seen["cwd"],
     }
+
+
+TMP_SCRIPT = """
+import os, socket, tempfile
+path = os.path.join(tempfile.mkdtemp(), "a-unix-socket-with-a-name-as-long-as-multiprocessing-makes")
+socket.socket(socket.AF_UNIX).bind(path)  # fails with "AF_UNIX path too long" under a deep TMPDIR
+print(os.environ["TMPDIR"], os.path.realpath(os.environ["TMPDIR"]), flush=True)
+"""
+
+
+@pytest.mark.cluster
+def test_an_empty_dir_at_tmp_becomes_a_short_per_pod_tmpdir(bed: Bed) -> None:
+    node = bed.node()
+    mounts = {"volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}
+    bed.pod("tmp", node, TMP_SCRIPT, container=mounts, volumes=[{"name": "tmp", "emptyDir": {}}])
+    bed.wait_phase("tmp", "Succeeded")
+    tmpdir, real = bed.harness.logs_of(bed.ns, "tmp").splitlines()[-1].split()
+    runner = bed.harness.runner(bed.ns, "tmp")
+    assert runner is not None and Path(real) == (runner.dir / "volumes" / "tmp").resolve()
+    bed.cluster.wait_for("the short link to go with the pod", lambda: not Path(tmpdir).is_symlink())
 
 
 @pytest.mark.cluster

@@ -33,29 +33,30 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client.rest import ApiException
-
 from etj_operator.localcluster import toolchain
 from etj_operator.localcluster.proclet_env import LoopbackIPs, service_endpoint
-from etj_operator.localcluster.proclet_kube import Gone, Kube, now_micro, now_rfc3339
+from etj_operator.localcluster.proclet_kube import Gone, Kube, delete_pod
 from etj_operator.localcluster.proclet_nodes import (
     INSTANCE_LABEL,
     NODE_RUNTIME_LABEL,
     NODE_RUNTIME_PROCESS,
-    node_status_patch,
+    post_node_status,
     process_node,
+    renew_lease,
     selector_for,
 )
-from etj_operator.localcluster.proclet_pod import MARK_ROOT, PodRunner, RunnerContext, reap_marked
+from etj_operator.localcluster.proclet_pod import PodRunner, RunnerContext
+from etj_operator.localcluster.proclet_proc import iter_pids_with_marker, reap_marked
 
 __all__ = [
     "INSTANCE_LABEL",
     "NODE_RUNTIME_LABEL",
     "Proclet",
+    "iter_pids_with_marker",
     "process_node",
     "selector_for",
     "start_subprocess",
@@ -229,43 +230,11 @@ class Proclet:
                     self._post_node_status(node)
 
     def _post_node_status(self, node: JSON) -> None:
-        name = node["metadata"]["name"]
-        try:
-            self.kube.patch(f"/api/v1/nodes/{name}/status", node_status_patch(node, now_rfc3339()))
-            self._status_at[name] = time.monotonic()
-        except Exception as exc:
-            log.warning("node %s: status write failed: %s", name, exc)
+        if post_node_status(self.kube, node):
+            self._status_at[node["metadata"]["name"]] = time.monotonic()
 
     def _renew_lease(self, node: JSON) -> None:
-        meta = node["metadata"]
-        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{meta['name']}"
-        spec = {
-            "holderIdentity": meta["name"],
-            "leaseDurationSeconds": LEASE_DURATION_S,
-            "renewTime": now_micro(),
-        }
-        try:
-            try:
-                self.kube.patch(path, {"spec": spec}, content_type="application/merge-patch+json")
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                # Owned by the node, like the kubelet's: the garbage collector removes it with the node.
-                lease = {
-                    "apiVersion": "coordination.k8s.io/v1",
-                    "kind": "Lease",
-                    "metadata": {
-                        "name": meta["name"],
-                        "namespace": "kube-node-lease",
-                        "ownerReferences": [
-                            {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]}
-                        ],
-                    },
-                    "spec": spec,
-                }
-                self.kube.request("POST", path.rsplit("/", 1)[0], body=lease)
-        except Exception as exc:
-            log.warning("node %s: lease renewal failed: %s", meta["name"], exc)
+        renew_lease(self.kube, node, LEASE_DURATION_S)
 
     # ---- pods -------------------------------------------------------------------------------
 
@@ -301,7 +270,7 @@ class Proclet:
                 if meta.get("deletionTimestamp"):
                     # Deleted before it ran under this harness (processes of an earlier one were reaped
                     # at start): nothing to stop, only the deletion to finish.
-                    threading.Thread(target=self._finalize, args=(pod,), daemon=True).start()
+                    threading.Thread(target=delete_pod, args=(self.kube, pod), daemon=True).start()
                     return
                 if status.get("phase") in TERMINAL:
                     return  # finished before this harness started; nothing to run
@@ -312,22 +281,6 @@ class Proclet:
                 runner.start()
                 return
         runner.observe(pod)
-
-    def _finalize(self, pod: JSON) -> None:
-        meta = pod["metadata"]
-        body = {
-            "apiVersion": "v1",
-            "kind": "DeleteOptions",
-            "gracePeriodSeconds": 0,
-            "preconditions": {"uid": meta["uid"]},
-        }
-        try:
-            self.kube.request(
-                "DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}", body=body
-            )
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                log.warning("pod %s/%s: final delete failed: %s", meta["namespace"], meta["name"], exc.reason)
 
     def _grace(self, pod: JSON, cap: float) -> float:
         return min(float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)), cap)
@@ -388,22 +341,6 @@ class Proclet:
                 self._stopped.wait(1)
             finally:
                 self._responses.clear()
-
-
-def iter_pids_with_marker(root: Path) -> Iterator[int]:
-    """Processes still carrying `root`'s marker (for tests: proves nothing was orphaned)."""
-    wanted = f"{MARK_ROOT}={root.resolve()}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-                continue
-            if wanted in (entry / "environ").read_bytes().split(b"\0"):
-                yield int(entry.name)
-        except OSError:
-            continue
 
 
 def start_subprocess(

@@ -145,3 +145,20 @@ def now_micro() -> str:
 
 def pod_path(namespace: str, name: str, sub: str = "") -> str:
     return f"/api/v1/namespaces/{namespace}/pods/{name}" + (f"/{sub}" if sub else "")
+
+
+def delete_pod(kube: Kube, pod: JSON) -> None:
+    """Finish a pod's deletion as the kubelet does once its containers are gone: grace 0, and the uid as
+    precondition so a new pod of the same name is never hit."""
+    meta = pod["metadata"]
+    body = {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "gracePeriodSeconds": 0,
+        "preconditions": {"uid": meta["uid"]},
+    }
+    try:
+        kube.request("DELETE", pod_path(meta["namespace"], meta["name"]), body=body)
+    except ApiException as exc:
+        if exc.status not in (404, 409):
+            log.warning("pod %s/%s: final delete failed: %s", meta["namespace"], meta["name"], exc.reason)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+
 from etj_operator.localcluster.nodes import fake_gpu_node
+from etj_operator.localcluster.proclet_kube import MERGE, Kube, now_micro, now_rfc3339
 from etj_operator.localcluster.toolchain import KUBERNETES_VERSION
+
+log = logging.getLogger("etj.proclet")
 
 JSON = dict[str, Any]
 NODE_RUNTIME_LABEL = "etj.dev/node-runtime"
@@ -93,3 +99,42 @@ def node_status_patch(node: JSON, now: str) -> JSON:
     if not status.get("allocatable"):
         patch["allocatable"] = status.get("capacity") or default
     return {"status": patch}
+
+
+def post_node_status(kube: Kube, node: JSON) -> bool:
+    name = node["metadata"]["name"]
+    try:
+        kube.patch(f"/api/v1/nodes/{name}/status", node_status_patch(node, now_rfc3339()))
+        return True
+    except Exception as exc:
+        log.warning("node %s: status write failed: %s", name, exc)
+        return False
+
+
+def renew_lease(kube: Kube, node: JSON, duration_s: int) -> None:
+    """Renew (or create) the node's Lease in kube-node-lease: the heartbeat the node lifecycle controller
+    reads; without it the node turns NotReady after kcm's --node-monitor-grace-period."""
+    meta = node["metadata"]
+    path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{meta['name']}"
+    spec = {"holderIdentity": meta["name"], "leaseDurationSeconds": duration_s, "renewTime": now_micro()}
+    try:
+        try:
+            kube.patch(path, {"spec": spec}, content_type=MERGE)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            # Owned by the node, like the kubelet's: the garbage collector removes it with the node.
+            owner = {"apiVersion": "v1", "kind": "Node", "name": meta["name"], "uid": meta["uid"]}
+            lease = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": meta["name"],
+                    "namespace": "kube-node-lease",
+                    "ownerReferences": [owner],
+                },
+                "spec": spec,
+            }
+            kube.request("POST", path.rsplit("/", 1)[0], body=lease)
+    except Exception as exc:
+        log.warning("node %s: lease renewal failed: %s", meta["name"], exc)

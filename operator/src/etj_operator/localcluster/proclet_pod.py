@@ -9,15 +9,13 @@ the pod's uid as precondition; whatever is left of a container's process group i
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
+import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -33,15 +31,14 @@ from etj_operator.localcluster.proclet_env import (
     service_names,
     substitute_services,
 )
-from etj_operator.localcluster.proclet_kube import Kube, now_rfc3339, pod_path
+from etj_operator.localcluster.proclet_kube import Kube, delete_pod, now_rfc3339, pod_path
+from etj_operator.localcluster.proclet_proc import MARK_POD, MARK_ROOT, env_name, killpg, probe, reap_marked
 from etj_operator.localcluster.proclet_status import ContainerRun, pod_status
 
 log = logging.getLogger("etj.proclet")
 
 JSON = dict[str, Any]
 HOST_IP = "127.0.0.1"
-MARK_ROOT = "ETJ_PROCLET_ROOT"  # in every pod process's environment: how leftovers are found and killed
-MARK_POD = "ETJ_PROCLET_POD_UID"
 MIN_GRACE_S = 2.0  # the kubelet's minimum, also used for force-deleted pods
 POLL_S = 0.25
 # How long a pod waits for a Service name in its env/args to get an endpoint before starting anyway.
@@ -223,7 +220,7 @@ class PodRunner:
                     self._spawn(run)
                     changed = True
                 if run.proc is not None and run.probe_due():
-                    changed |= run.probe(self.ip or HOST_IP, _probe)
+                    changed |= run.probe(self.ip or HOST_IP, probe)
             if all(r.proc is None and r.restart_at is None for r in mains):
                 ok = all(r.exit_code == 0 for r in mains)
                 self._report("Succeeded" if ok else "Failed")
@@ -280,13 +277,25 @@ class PodRunner:
         for volume in sorted(empty):
             path = self.dir / "volumes" / volume
             path.mkdir(parents=True, exist_ok=True)
-            env[f"ETJ_VOLUME_{_env_name(volume)}"] = str(path)
+            env[f"ETJ_VOLUME_{env_name(volume)}"] = str(path)
         for mount in container.get("volumeMounts") or []:
             if mount.get("name") in empty and mount.get("mountPath") == "/tmp":
-                env["TMPDIR"] = str(self.dir / "volumes" / mount["name"])
+                env["TMPDIR"] = str(self._short_tmp(self.dir / "volumes" / mount["name"]))
         env[MARK_ROOT] = str(self.ctx.root)
         env[MARK_POD] = self.uid
         return env
+
+    def _short_tmp(self, target: Path) -> Path:
+        """A short path to `target`: Unix sockets made under TMPDIR (multiprocessing's forkserver, torch)
+        fail with "AF_UNIX path too long" beyond 107 bytes, which a pod directory easily reaches."""
+        link = self._tmp_link
+        if not link.is_symlink():
+            link.symlink_to(target, target_is_directory=True)
+        return link
+
+    @property
+    def _tmp_link(self) -> Path:
+        return Path(tempfile.gettempdir()) / f"etjpod-{self.uid[:13]}"
 
     def _resolve(self, names: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """Wait (like a container waiting for DNS) until every named Service has an endpoint."""
@@ -317,7 +326,7 @@ class PodRunner:
         if run.proc is not None:
             pid = run.proc.pid
             code = run.proc.wait()
-            _killpg(pid, signal.SIGKILL)  # what is left of the group goes with the container's main process
+            killpg(pid, signal.SIGKILL)  # what is left of the group goes with the container's main process
             run.exited(code, now_rfc3339())
 
     def _backoff(self, run: ContainerRun) -> None:
@@ -333,13 +342,13 @@ class PodRunner:
         live = [r for r in self._runs.values() if r.proc is not None]
         for run in live:
             assert run.proc is not None
-            _killpg(run.proc.pid, signal.SIGTERM)
+            killpg(run.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + stop.grace
         while any(r.proc is not None and r.proc.poll() is None for r in live):
             if time.monotonic() >= deadline:
                 for run in live:
                     assert run.proc is not None
-                    _killpg(run.proc.pid, signal.SIGKILL)
+                    killpg(run.proc.pid, signal.SIGKILL)
                 break
             remaining = deadline - time.monotonic()
             self._wake.wait(min(POLL_S, max(remaining, 0.01)))
@@ -351,6 +360,8 @@ class PodRunner:
         for run in live:
             self._exited(run)
         reap_marked(str(self.ctx.root), self.uid)
+        if self._tmp_link.is_symlink():
+            self._tmp_link.unlink()
         if live and self._stop is not None and stop.report:
             ok = all(r.exit_code == 0 for r in self._runs.values() if not r.init)
             self._report("Succeeded" if ok else "Failed")
@@ -381,69 +392,4 @@ class PodRunner:
             log.warning("pod %s: status write failed: %s", self.key, exc)
 
     def _delete(self) -> None:
-        meta = self.pod["metadata"]
-        body = {
-            "apiVersion": "v1",
-            "kind": "DeleteOptions",
-            "gracePeriodSeconds": 0,
-            "preconditions": {"uid": self.uid},
-        }
-        try:
-            self.ctx.kube.request("DELETE", pod_path(meta["namespace"], meta["name"]), body=body)
-        except ApiException as exc:
-            if exc.status not in (404, 409):
-                log.warning("pod %s: final delete failed: %s", self.key, exc.reason)
-
-
-def _probe(ip: str, probe: JSON, ports: dict[str, int]) -> bool:
-    """tcpSocket and httpGet readiness probes against the pod's IP; other kinds always pass."""
-    timeout = float(probe.get("timeoutSeconds", 1))
-    try:
-        if "tcpSocket" in probe:
-            port = _port(probe["tcpSocket"].get("port"), ports)
-            with socket.create_connection((ip, port), timeout=timeout):
-                return True
-        if "httpGet" in probe:
-            get = probe["httpGet"]
-            url = f"http://{ip}:{_port(get.get('port'), ports)}{get.get('path', '/')}"
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
-                return 200 <= int(resp.status) < 400
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def _port(value: Any, ports: dict[str, int]) -> int:
-    return ports[value] if isinstance(value, str) and not value.isdigit() else int(value)
-
-
-def _env_name(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in name).upper()
-
-
-def _killpg(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def reap_marked(root: str, uid: str | None = None) -> list[int]:
-    """SIGKILL every process carrying this harness root's marker (and `uid`'s, if given) in its
-    environment: the children that left their process group, and whatever a crashed harness left."""
-    wanted = [f"{MARK_ROOT}={root}".encode()]
-    if uid:
-        wanted.append(f"{MARK_POD}={uid}".encode())
-    killed: list[int] = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if all(w in environ for w in wanted):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-            except OSError:
-                pass
-    return killed
+        delete_pod(self.ctx.kube, self.pod)
