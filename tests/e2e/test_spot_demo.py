@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from etj_operator.demo import Demo, DemoResult, Script, write_timeline
+from etj_operator.localcluster.toolchain import cache_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
@@ -56,13 +58,13 @@ def _run(kubeconfig: Path, run_dir: Path, manifest: dict[str, Any], script: Scri
 
 
 @pytest.fixture(scope="module")
-def runs(
-    kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[DemoResult, DemoResult]]:
-    elastic = _run(kubeconfig, tmp_path_factory.mktemp("elastic"), _manifest(), Script(timeout_s=1500), "el")
+def runs(kubeconfig: Path) -> Iterator[tuple[DemoResult, DemoResult]]:
+    # Kept after the session (pytest's tmp dirs rotate away), for whoever debugs a failure.
+    base = cache_root() / "e2e" / time.strftime("%Y%m%d-%H%M%S")
+    elastic = _run(kubeconfig, base / "elastic", _manifest(), Script(timeout_s=1500), "el")
     # Same job, same seed, never resized: the reference for accuracy and for the samples of each epoch.
     never = Script(interrupt_epoch=10**6, timeout_s=1500)
-    fixed = _run(kubeconfig, tmp_path_factory.mktemp("fixed"), _manifest(min=2, max=2), never, "fx")
+    fixed = _run(kubeconfig, base / "fixed", _manifest(min=2, max=2), never, "fx")
     yield elastic, fixed
 
 
@@ -72,8 +74,11 @@ def _status(result: DemoResult) -> dict[str, Any]:
 
 def test_both_jobs_succeed(runs: tuple[DemoResult, DemoResult]) -> None:
     elastic, fixed = runs
-    assert elastic.phase == "Succeeded", (elastic.run_dir, _status(elastic))
-    assert fixed.phase == "Succeeded", (fixed.run_dir, _status(fixed))
+    for result in (elastic, fixed):
+        conditions = [
+            (c["type"], c["status"], c.get("message")) for c in _status(result).get("conditions") or []
+        ]
+        assert result.phase == "Succeeded", f"{result.run_dir}: {result.phase} {conditions}"
 
 
 def test_interruption_and_scale_up_are_recorded_with_reasons_and_pauses(
