@@ -66,9 +66,25 @@ def scrape(port: int) -> dict[str, float]:
         for sample in fam.samples:
             if sample.name == "etj_operator_api_requests_total":
                 out["api_requests"] = out.get("api_requests", 0) + sample.value
+            elif sample.name == "etj_operator_interruption_to_drain_seconds_bucket":
+                out[f"bucket:{sample.labels['le']}"] = sample.value
             elif sample.name == "etj_operator_reconcile_errors_total":
                 out["reconcile_errors"] = out.get("reconcile_errors", 0) + sample.value
     return out
+
+
+def bucket_quantile(before: dict[str, float], after: dict[str, float], q: float) -> float | None:
+    """Upper bound of the histogram bucket holding quantile q of the observations between two scrapes."""
+    bounds = sorted(
+        (float(k.split(":", 1)[1]), after[k] - before.get(k, 0)) for k in after if k.startswith("bucket:")
+    )
+    total = bounds[-1][1] if bounds else 0
+    if not total:
+        return None
+    for le, count in bounds:
+        if count >= q * total:
+            return le
+    return None
 
 
 def proc_usage(pid: int) -> dict[str, float]:
@@ -277,6 +293,11 @@ def main() -> int:
                 "p50": round(q[49], 3),
                 "p99": round(q[98], 3),
                 "max": round(lat[-1], 3) if lat else None,
+            },
+            # The operator's own view: first sight of the signal → delete accepted (bucket upper bounds).
+            "operator_side_seconds": {
+                "p50_le": bucket_quantile(before, after, 0.5),
+                "p99_le": bucket_quantile(before, after, 0.99),
             },
             "api_requests_per_interrupted_node": round(api_calls / max(1, len(victims)), 2),
             "api_requests_per_drained_worker": round(api_calls / max(1, len(lat)), 2),

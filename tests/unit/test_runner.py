@@ -61,3 +61,15 @@ def test_flags() -> None:
     assert build_state(args).settings.progress_seconds == 10.0
     with pytest.raises(SystemExit):
         _rules(parse_args(["--spot-label", "novalue"]))
+
+
+def test_watch_handlers_run_on_the_event_loop() -> None:
+    # Regression: sync handlers run in kopf's executor threads, where kicking a job loop's
+    # asyncio.Event does not wake the loop; drains then waited for the next timer (seconds).
+    import inspect
+
+    registry = handlers.REGISTRY
+    fns = [h.fn for h in registry._watching.get_all_handlers()] + [
+        h.fn for h in registry._indexing.get_all_handlers()
+    ]
+    assert fns and all(inspect.iscoroutinefunction(fn) for fn in fns), [f.__name__ for f in fns]

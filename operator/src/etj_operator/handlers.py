@@ -126,15 +126,19 @@ def _state(memo: Any) -> State:
 
 
 # --- indices -------------------------------------------------------------------------------------
+# Every handler is ``async`` on purpose: kopf runs sync handlers in executor threads, and these touch
+# loop-bound state (asyncio.Event.set() from another thread does not wake the waiting loop, so a kick
+# could sit unnoticed until the next timer) and dicts the job loops read. Async also saves a thread
+# hop per watch event on the drain path.
 @kopf.index("nodes", registry=REGISTRY)
-def etj_nodes(name: str, body: kopf.Body, memo: Any, **_: Any) -> dict[str, NodeInfo]:
+async def etj_nodes(name: str, body: kopf.Body, memo: Any, **_: Any) -> dict[str, NodeInfo]:
     state = _state(memo)
     info = node_info(body, state.rules)
     return {name: replace(info, signal=state.stamp(f"node/{name}", info.signal))}
 
 
 @kopf.index("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=REGISTRY)
-def etj_job_pods(
+async def etj_job_pods(
     namespace: str | None, name: str, body: kopf.Body, labels: Mapping[str, str], memo: Any, **_: Any
 ) -> dict[tuple[str, str], PodInfo]:
     info = pod_info(body)
@@ -143,7 +147,7 @@ def etj_job_pods(
 
 
 @kopf.index("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=REGISTRY)
-def etj_node_jobs(
+async def etj_node_jobs(
     namespace: str | None, spec: kopf.Spec, labels: Mapping[str, str], **_: Any
 ) -> dict[str, tuple[str, str]] | None:
     node = spec.get("nodeName")
@@ -151,7 +155,7 @@ def etj_node_jobs(
 
 
 @kopf.index("pods", registry=REGISTRY)
-def etj_node_usage(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, dict[str, int]] | None:
+async def etj_node_usage(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, dict[str, int]] | None:
     node = spec.get("nodeName")
     if not node or status.get("phase") in TERMINAL_PHASES:
         return None  # finished pods hold no devices
@@ -218,14 +222,14 @@ async def job_event(
 
 
 @kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=REGISTRY)
-def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
     registry = _state(memo).registry
     if registry is not None:
         registry.kick(namespace or "", labels[LABEL_JOB])
 
 
 @kopf.on.event("nodes", registry=REGISTRY)
-def node_event(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+async def node_event(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
     state = _state(memo)
     registry = state.registry
     if registry is None:
