@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
+
+from etj_operator.api.models import CapacityType
+from etj_operator.runner import build_state, parse_args
 from tests.chart.helmbed import (
     CHART,
     CRD_SOURCE,
@@ -27,9 +30,6 @@ from tests.chart.helmbed import (
     template_error,
     value_args,
 )
-
-from etj_operator.api.models import CapacityType
-from etj_operator.runner import build_state, parse_args
 
 JSON = dict[str, Any]
 NS = "etj-system"
