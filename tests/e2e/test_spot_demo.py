@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from etj_operator.demo import Demo, DemoResult, Script, write_timeline
+from etj_operator.demo import Demo, DemoResult, Script
+from etj_operator.demo_view import write_timeline
 from etj_operator.localcluster.toolchain import cache_root
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]

@@ -11,20 +11,20 @@ status; at the end the final accuracy is printed and a timeline PNG is written. 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import json
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from etj_operator.constants import PROGRESS_PORT, RDZV_PORT
+from etj_operator.demo_view import Live, logged_accuracy, write_timeline
 from etj_operator.localcluster import toolchain
 from etj_operator.localcluster.proclet import start_subprocess
 from etj_operator.localcluster.proclet_kube import MERGE, Kube
@@ -46,6 +46,7 @@ class Script:
     notice_s: float = 120.0  # AWS gives 120 s; the node goes earlier if its pods are already gone
     return_after_s: float = 15.0  # new spot capacity this long after the interrupted node is gone
     timeout_s: float = 1800.0
+    ports_wait_s: float = 120.0  # for another job's rendezvous store on this machine to finish
 
 
 @dataclass
@@ -92,6 +93,7 @@ class Demo:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        wait_ports_free((RDZV_PORT, PROGRESS_PORT), self.script.ports_wait_s)
         crds = REPO / "crds"
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
@@ -256,142 +258,28 @@ class Demo:
         self.kube.close()
 
 
-class Live:
-    """A one-screen view of the job's status (rich when on a terminal, a line every few seconds otherwise)."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-
-        self.console = Console()
-        self._live: Any = None
-        self._last_line = 0.0
-
-    def __enter__(self) -> Live:
-        if self.console.is_terminal:
-            from rich.live import Live as RichLive
-
-            self._live = RichLive(console=self.console, refresh_per_second=2)
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            self._live.__exit__(*exc)
-
-    def update(self, job: JSON, events: list[tuple[float, str]]) -> None:
-        rows = view_rows(job)
-        if self._live is not None:
-            from rich.table import Table
-
-            table = Table(
-                title=f"ElasticTrainingJob {job.get('metadata', {}).get('name', '')}", show_header=False
+def wait_ports_free(ports: tuple[int, ...], timeout_s: float) -> None:
+    """Process-backed pods share this machine's network: the rendezvous store listens on 0.0.0.0:29400, so
+    a store of any other job here (another demo, a test) would take the connections of this job's workers."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = []
+        for port in ports:
+            with socket.socket() as sock:
+                # REUSEADDR: old connections in TIME_WAIT are no conflict; only a listener is.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    busy.append(port)
+        if not busy:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"ports {busy} are in use on this machine (another job's rendezvous store?); "
+                "process-backed pods share the host network, so stop it first"
             )
-            for key, value in rows:
-                table.add_row(key, value)
-            for t, what in events[-4:]:
-                table.add_row(f"{t:6.0f}s", what)
-            self._live.update(table)
-        elif time.monotonic() - self._last_line > 5:
-            self._last_line = time.monotonic()
-            print("  ".join(f"{k}={v}" for k, v in rows), flush=True)
-
-
-def view_rows(job: JSON) -> list[tuple[str, str]]:
-    status = job.get("status") or {}
-    progress = status.get("progress") or {}
-    resizes = status.get("resizeHistory") or []
-    last = resizes[-1] if resizes else None
-
-    def fmt(value: Any, spec: str = "") -> str:
-        return "-" if value is None else format(value, spec)
-
-    resize = "-"
-    if last:
-        pause = fmt(last.get("pauseSeconds"), ".1f")
-        resize = f"{last.get('from')}→{last.get('to')} {last.get('reason', '')} pause {pause}s"
-
-    return [
-        ("phase", fmt(status.get("phase"))),
-        ("workers", fmt(status.get("workers"))),
-        ("world size", fmt(status.get("worldSize"))),
-        ("epoch", fmt(progress.get("epoch"))),
-        ("step", fmt(progress.get("step"))),
-        ("samples/s", fmt(progress.get("samplesPerSecond"), ".1f")),
-        ("loss", fmt(progress.get("loss"), ".4f")),
-        ("last resize", resize),
-    ]
-
-
-def write_timeline(result: DemoResult, path: Path) -> Path:
-    """World size, samples/s and loss against time, with resizes and the demo's actions marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
-    samples = result.samples
-    t = [s["t"] for s in samples]
-    fig, axes = plt.subplots(3, 1, sharex=True, figsize=(10, 7))
-    series = (("world size", "world", "steps-post"), ("samples/s", "sps", None), ("loss", "loss", None))
-    for ax, (label, key, draw) in zip(axes, series, strict=True):
-        points = [(x, s[key]) for x, s in zip(t, samples, strict=True) if s[key] is not None]
-        if points:
-            xs, ys = zip(*points, strict=True)
-            ax.plot(xs, ys, drawstyle=draw or "default")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    for resize in (result.status.get("status") or {}).get("resizeHistory") or []:
-        when = _seconds(resize.get("time"), result.t0)
-        if when is None or not resize.get("from") or not resize.get("to"):
-            continue  # the start-up ramp (0→n) and the finish (n→0) are not resizes worth marking
-        for ax in axes:
-            ax.axvline(
-                when,
-                color="tab:red" if resize.get("to", 0) < resize.get("from", 0) else "tab:green",
-                linestyle="--",
-                alpha=0.7,
-            )
-        axes[0].annotate(
-            f"{resize.get('from')}→{resize.get('to')} {resize.get('reason', '')}"
-            + (f" (paused {resize['pauseSeconds']:.0f} s)" if resize.get("pauseSeconds") is not None else ""),
-            (when, 0.2),
-            xycoords=("data", "axes fraction"),
-            rotation=90,
-            fontsize=7,
-            va="bottom",
-        )
-    for when, what in result.events:
-        axes[-1].axvline(when, color="grey", linestyle=":", alpha=0.6)
-        axes[-1].annotate(
-            what[:40], (when, 0.95), xycoords=("data", "axes fraction"), rotation=90, fontsize=6, va="top"
-        )
-    axes[-1].set_xlabel("seconds since submission")
-    fig.suptitle("etj demo: spot interruption and return")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def logged_accuracy(run_dir: Path) -> float | None:
-    """The accuracy in the trainer's `ETJ_RESULT {...}` line, from the process-node pod logs."""
-    for log in sorted((run_dir / "proclet" / "pods").glob("*/*/*.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("ETJ_RESULT "):
-                with contextlib.suppress(ValueError):
-                    value = json.loads(line.split(" ", 1)[1]).get("accuracy")
-                    if value is not None:
-                        return float(value)
-    return None
-
-
-def _seconds(stamp: str | None, t0: float) -> float | None:
-    if not stamp:
-        return None
-    with contextlib.suppress(ValueError):
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - t0
-    return None
+        time.sleep(2)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
