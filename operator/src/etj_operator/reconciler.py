@@ -33,6 +33,7 @@ from etj_operator.timeutil import utcnow
 log = logging.getLogger(__name__)
 
 EXPECTATION_TTL = 30.0  # seconds an unobserved create/delete of ours is trusted over the index
+SERVICE_RECHECK = 300.0
 
 
 @dataclass
@@ -62,7 +63,7 @@ class JobRunner:
         self.expect_delete: dict[str, tuple[str, float]] = {}  # name → (uid, deadline)
         self.progress: dict[str, Any] | None = None
         self.progress_time: datetime | None = None
-        self.service_ok = False
+        self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
 
@@ -166,7 +167,9 @@ class JobRunner:
             *(self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason)) for d in result.drains)
         )
         creates: list[Any] = []
-        if result.ensure_service and not self.service_ok:
+        # Services are not indexed (nothing else needs them): re-assert existence every few minutes, so a
+        # deleted Service comes back without costing a request per reconcile.
+        if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
             creates.append(self._service(job))
         if result.create_rendezvous:
             creates.append(
@@ -216,7 +219,7 @@ class JobRunner:
         await self.kube.ensure_service(
             workload.rendezvous_service(job=job.name, namespace=job.namespace, uid=job.uid)
         )
-        self.service_ok = True
+        self.service_checked = time.monotonic()
 
     async def _write_status(self, job: JobView, result: Plan) -> None:
         new = result.status.to_patch()
