@@ -24,11 +24,3 @@ LABEL_POOL_OVERRIDE = f"{GROUP}/pool"
 # Rendezvous store ports (docs/contract.md).
 RDZV_PORT = 29400
 PROGRESS_PORT = 29401
-
-# Rendezvous settings handed to torchrun through ETJ_RDZV_CONF. The defaults (last_call 30 s, 600 s join)
-# cost ~49 s per resize on the test machine; a short last call plus fast keep-alives let survivors
-# re-rendezvous in seconds, and a long join timeout keeps a job below min waiting instead of failing.
-RDZV_CONF = (
-    "last_call_timeout=2,join_timeout=3600,read_timeout=60,keep_alive_interval=2,keep_alive_max_attempt=3"
-)
-MONITOR_INTERVAL = "0.5"

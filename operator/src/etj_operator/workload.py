@@ -22,9 +22,7 @@ from etj_operator.constants import (
     LABEL_ROLE,
     LABEL_SLOT,
     MANAGED_BY,
-    MONITOR_INTERVAL,
     PROGRESS_PORT,
-    RDZV_CONF,
     RDZV_PORT,
     ROLE_RENDEZVOUS,
     ROLE_WORKER,
@@ -190,9 +188,6 @@ def worker_env(
         "ETJ_CHECKPOINT_DIR": spec.checkpoint.location,
         "ETJ_CHECKPOINT_INTERVAL_STEPS": spec.checkpoint.interval_steps,
         "ETJ_PROGRESS_URL": f"http://{host}:{PROGRESS_PORT}/progress",
-        # Tuned torchrun rendezvous (see constants.RDZV_CONF); not in the contract table yet.
-        "ETJ_RDZV_CONF": RDZV_CONF,
-        "ETJ_MONITOR_INTERVAL": MONITOR_INTERVAL,
         # The root filesystem is read-only: caches go to the /tmp emptyDir.
         "HOME": "/tmp",
     }
