@@ -5,6 +5,7 @@ installs it for real).
 
 from __future__ import annotations
 
+import shlex
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -424,3 +425,20 @@ def test_chart_does_not_hardcode_this_repository_paths() -> None:
     # A packaged chart is used far from this checkout: templates must not point into it.
     for path in (CHART / "templates").iterdir():
         assert str(REPO) not in path.read_text(), path
+
+
+def test_install_eks_doc_helm_command_renders() -> None:
+    """The `helm install` users copy from docs/install-eks.md passes the schema and does what it says."""
+    text = (REPO / "docs" / "install-eks.md").read_text()
+    block = text.split("helm install etj charts/etj", 1)[1].split("\n\n", 1)[0].split("kubectl", 1)[0]
+    words = shlex.split(
+        block.replace("$REGISTRY", "123456789012.dkr.ecr.us-west-2.amazonaws.com"), comments=True
+    )
+    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    assert sets, block
+    objs = render(sets=sets)
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "system-on-demand"}
+    assert pod["containers"][0]["image"].startswith(
+        "123456789012.dkr.ecr.us-west-2.amazonaws.com/etj-operator:"
+    )
