@@ -63,9 +63,11 @@ def runs(kubeconfig: Path) -> Iterator[tuple[DemoResult, DemoResult]]:
     # Kept after the session (pytest's tmp dirs rotate away), for whoever debugs a failure.
     base = cache_root() / "e2e" / time.strftime("%Y%m%d-%H%M%S")
     elastic = _run(kubeconfig, base / "elastic", _manifest(), Script(timeout_s=1500), "el")
-    # Same job, same seed, never resized: the reference for accuracy and for the samples of each epoch.
+    # Same job, same seed, at the elastic run's full size (4) throughout: the reference for accuracy (what
+    # the interruption cost) and for the samples of each epoch. Same size also means the same per-worker
+    # batches, so BatchNorm statistics match outside the interrupted stretch.
     never = Script(interrupt_epoch=10**6, timeout_s=1500)
-    fixed = _run(kubeconfig, base / "fixed", _manifest(min=2, max=2), never, "fx")
+    fixed = _run(kubeconfig, base / "fixed", _manifest(min=4, max=4), never, "fx")
     yield elastic, fixed
 
 
