@@ -178,7 +178,17 @@ class Release:
         pods = self.operator_pods()
         logs = "\n".join(self.operator_log(p)[-4000:] for p in pods) if self.proclet else ""
         events = self.cluster.kubectl("get", "events", "-n", self.namespace, check=False).stdout[-3000:]
-        return f"operator pods: {[p['metadata']['name'] for p in pods]}\n{logs}\nevents:\n{events}"
+        # Node readiness and taints: a pod that never schedules is usually a node that never went Ready.
+        columns = (
+            "NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].status,TAINTS:.spec.taints"
+        )
+        nodes = self.cluster.kubectl(
+            "get", "nodes", *self.nodes, "-o", f"custom-columns={columns}", check=False
+        )
+        return (
+            f"operator pods: {[p['metadata']['name'] for p in pods]}\n{logs}\nevents:\n{events}\n"
+            f"nodes:\n{nodes.stdout}{nodes.stderr}"
+        )
 
 
 @pytest.fixture(scope="module")
