@@ -183,7 +183,13 @@ class Release:
             "NAME:.metadata.name,READY:.status.conditions[?(@.type=='Ready')].status,TAINTS:.spec.taints"
         )
         nodes = self.cluster.kubectl(
-            "get", "nodes", *self.nodes, "-o", f"custom-columns={columns}", check=False
+            # No node names yet would list every node in the cluster: ask for none instead.
+            "get",
+            "nodes",
+            *(self.nodes or ["--selector=etj.dev/none"]),
+            "-o",
+            f"custom-columns={columns}",
+            check=False,
         )
         return (
             f"operator pods: {[p['metadata']['name'] for p in pods]}\n{logs}\nevents:\n{events}\n"
