@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import urllib.request
 import uuid
@@ -486,3 +487,45 @@ def test_cluster_wide_release_reads_pods_everywhere_but_never_secrets(cluster_wi
         "name",
     ).stdout.split()
     assert left == []
+
+
+def test_rendered_chart_is_accepted_by_the_apiserver_without_pod_security_warnings(
+    cluster: Cluster, namespace: str
+) -> None:
+    """Every rendered object, the CRD included (as an update of the installed one), passes the real
+    apiserver's validation and admission in a server-side dry run; the namespace warns on "restricted", so a
+    Deployment whose pods would be refused shows up as a warning here."""
+    cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/warn=restricted")
+    rendered = helm(
+        "template", "dry", str(CHART), "--namespace", namespace, *value_args({"watchNamespaces": [namespace]})
+    ).stdout
+    result = cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--force-conflicts",
+        "--field-manager=helm",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=rendered,
+    )
+    applied = result.stdout.split("\n")
+    for kind in (
+        "customresourcedefinition",
+        "clusterrole",
+        "role",
+        "deployment",
+        "service",
+        "serviceaccount",
+    ):
+        assert any(re.match(rf"{kind}[./]", line) for line in applied), result.stdout
+    assert "PodSecurity" not in result.stderr, result.stderr
+    # The warning is real: the same Deployment allowing privilege escalation is flagged.
+    deploy = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment")
+    deploy["spec"]["template"]["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    loosened = cluster.kubectl(
+        "apply", "--server-side", "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(deploy)
+    )
+    assert "would violate PodSecurity" in loosened.stderr, loosened.stderr
