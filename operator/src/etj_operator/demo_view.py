@@ -113,11 +113,13 @@ def write_timeline(result: DemoResult, path: Path) -> Path:
         axes[0].annotate(
             f"{resize.get('from')}→{resize.get('to')} {resize.get('reason', '')}"
             + (f" (paused {resize['pauseSeconds']:.0f} s)" if resize.get("pauseSeconds") is not None else ""),
-            (when, 0.2),
+            (when, 0.03),
             xycoords=("data", "axes fraction"),
             rotation=90,
-            fontsize=7,
+            fontsize=6,
             va="bottom",
+            xytext=(2, 0),
+            textcoords="offset points",
         )
     for when, what in result.events:
         axes[-1].axvline(when, color="grey", linestyle=":", alpha=0.6)
