@@ -7,8 +7,9 @@ setup:
 demo: setup
 	.venv/bin/etj demo
 
+# .venv/bin first on PATH: tests call etj, etj-train, kubectl, helm, hadolint and actionlint by name.
 test: setup lint
-	.venv/bin/python -m pytest tests -q
+	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest tests -q --durations=20
 
 lint:
 	.venv/bin/ruff check operator/src trainer-image/src tests bench

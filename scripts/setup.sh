@@ -27,4 +27,13 @@ fi
 
 say "building or reusing the local control plane (cached by version)"
 .venv/bin/etj cluster build >/dev/null
+# actionlint lints .github/workflows in the tests; built from its Go module like the control plane.
+actionlint_version=v1.7.7
+tools="${ETJ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/etj}/tools-actionlint-$actionlint_version"
+if [ ! -x "$tools/actionlint" ]; then
+  say "building actionlint $actionlint_version"
+  GOBIN="$tools" GOFLAGS=-mod=mod go install "github.com/rhysd/actionlint/cmd/actionlint@$actionlint_version"
+fi
+ln -sf "$tools/actionlint" .venv/bin/actionlint
+
 say "ready: export PATH=$PWD/.venv/bin:\$PATH"
