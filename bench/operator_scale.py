@@ -68,6 +68,8 @@ def scrape(port: int) -> dict[str, float]:
                 out["api_requests"] = out.get("api_requests", 0) + sample.value
             elif sample.name == "etj_operator_interruption_to_drain_seconds_bucket":
                 out[f"bucket:{sample.labels['le']}"] = sample.value
+            elif sample.name == "etj_operator_watch_events_total":
+                out[f"events:{sample.labels['resource']}"] = sample.value
             elif sample.name == "etj_operator_reconcile_errors_total":
                 out["reconcile_errors"] = out.get("reconcile_errors", 0) + sample.value
     return out
@@ -277,6 +279,7 @@ def main() -> int:
         done.wait(120)
         time.sleep(5)  # the operator's follow-up work (status, events) belongs to the event's cost
         after, usage1 = scrape(port), proc_usage(op.pid)
+        window = time.monotonic() - min(sent.values())
         lat = sorted(seen[p] - sent[n] for p, n in victim_pods.items() if p in seen and p not in late)
         q = (
             statistics.quantiles(lat, n=100, method="inclusive")
@@ -308,6 +311,10 @@ def main() -> int:
             "operator_rss_mib": round(usage1["rss_mib"], 1),
             "operator_peak_rss_mib": round(usage1["peak_rss_mib"], 1),
             "reconcile_errors": after.get("reconcile_errors", 0),
+            "watch_events_in_window": {
+                r: after.get(f"events:{r}", 0) - before.get(f"events:{r}", 0) for r in ("nodes", "pods")
+            },
+            "window_seconds": round(window, 1),
             "goal_p99_le_1s": bool(lat) and q[98] <= 1.0,
         }
     finally:

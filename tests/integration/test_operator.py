@@ -150,16 +150,28 @@ def test_restart_mid_resize_leaves_one_pod_per_worker(
     try:
         for i in range(2):
             bed.node(f"spot-extra-{i}", "spot")
-        _reaches(bed, "restart", 4, second)
-        # Give a duplicate-creating operator the chance to misbehave, then count.
-        second_status = bed.status("restart")
-        bed.wait("stable", lambda: bed.status("restart").get("currentReplicas") == 4, 30)
+
+        # Converged: four live workers, all running, none left on an interrupted node, status agrees.
+        # (Polling only "4 running" could pass before the new operator has even started.)
+        def converged() -> bool:
+            live = [p for p in bed.pods("restart") if not p.metadata.deletion_timestamp]
+            running = [p for p in live if p.status.phase == "Running"]
+            return (
+                len(live) == len(running) == 4
+                and not set(victims) & {p.spec.node_name for p in running}
+                and bed.status("restart").get("currentReplicas") == 4
+            )
+
+        try:
+            bed.wait("converged after the restart", converged, 90)
+        except AssertionError:
+            print(second.logs())
+            raise
         pods = [p for p in bed.pods("restart") if not p.metadata.deletion_timestamp]
         slots = [p.metadata.labels["etj.dev/slot"] for p in pods]
         assert len(pods) == 4 and len(set(slots)) == 4, slots
         assert len(bed.pods("restart", "rendezvous")) == 1
-        assert not set(victims) & {p.spec.node_name for p in pods}
-        assert second_status.get("phase") in ("Running", "Resizing")
+        assert bed.status("restart").get("phase") in ("Running", "Resizing")
     finally:
         second.stop()
 

@@ -24,6 +24,7 @@ from kubernetes import client, config
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.constants import LABEL_JOB
 from etj_operator.kube import Kube
+from etj_operator.metrics import METRICS
 from etj_operator.nodepools import DEFAULT_RULES, CapacityRules, NodeInfo, node_info
 from etj_operator.podstate import TERMINAL_PHASES, PodInfo, countable_requests, pod_info
 from etj_operator.reconciler import Registry, Settings
@@ -102,7 +103,11 @@ class State:
         return list(index.get((namespace, job), ()))
 
     def jobs_on_node(self, node: str) -> set[tuple[str, str]]:
-        return set(self.indices["etj_node_jobs"].get(node, ()))
+        # A scan of our own pods (a few per job) instead of a third pod index: it runs only when a node
+        # changes state, while an index would cost a handler call on every pod event.
+        return {
+            key for key, pods in self.indices["etj_job_pods"].items() if any(p.node == node for p in pods)
+        }
 
     def stamp(self, key: str, signal: Signal | None) -> Signal | None:
         """Give a signal the time the operator first saw it (the start of the drain-latency clock).
@@ -146,14 +151,6 @@ async def etj_job_pods(
     return {(namespace or "", labels[LABEL_JOB]): replace(info, signal=stamped)}
 
 
-@kopf.index("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=REGISTRY)
-async def etj_node_jobs(
-    namespace: str | None, spec: kopf.Spec, labels: Mapping[str, str], **_: Any
-) -> dict[str, tuple[str, str]] | None:
-    node = spec.get("nodeName")
-    return {node: (namespace or "", labels[LABEL_JOB])} if node else None
-
-
 @kopf.index("pods", registry=REGISTRY)
 async def etj_node_usage(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, dict[str, int]] | None:
     node = spec.get("nodeName")
@@ -175,7 +172,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
     state = _state(memo)
     # Indices are live mappings; keep references so the job loops can read them between events.
-    for name in ("etj_nodes", "etj_job_pods", "etj_node_jobs", "etj_node_usage"):
+    for name in ("etj_nodes", "etj_job_pods", "etj_node_usage"):
         state.indices[name] = kwargs[name]
     settings.posting.level = logging.WARNING  # post our own Events, not kopf's log lines
     settings.batching.batch_window = 0.02  # drain latency: do not sit on node events
@@ -223,6 +220,7 @@ async def job_event(
 
 @kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=REGISTRY)
 async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
+    METRICS.watch_events.labels("pods").inc()
     registry = _state(memo).registry
     if registry is not None:
         registry.kick(namespace or "", labels[LABEL_JOB])
@@ -230,6 +228,7 @@ async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any,
 
 @kopf.on.event("nodes", registry=REGISTRY)
 async def node_event(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
+    METRICS.watch_events.labels("nodes").inc()
     state = _state(memo)
     registry = state.registry
     if registry is None:

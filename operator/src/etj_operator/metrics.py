@@ -83,6 +83,15 @@ class Metrics:
             registry=registry,
         )
 
+        self.watch_events = Counter(
+            "watch_events",
+            "Watch events handled, by resource (the operator's load at scale).",
+            ["resource"],
+            namespace=NS,
+            subsystem=SUB,
+            registry=registry,
+        )
+
     def forget_job(self, namespace: str, job: str) -> None:
         """Drop a deleted job's series so they do not linger at their last value."""
         for gauge in (self.desired_workers, self.current_workers):
