@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client
 
@@ -150,7 +150,9 @@ class Bed:
 
     def job(self, name: str) -> dict[str, Any] | None:
         try:
-            return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))
+            return dict(
+                cast(Any, self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))
+            )
         except client.ApiException as exc:
             if exc.status == 404:
                 return None
@@ -159,16 +161,16 @@ class Bed:
     def status(self, name: str) -> dict[str, Any]:
         return (self.job(name) or {}).get("status") or {}
 
-    def pods(self, job: str, role: str = "worker") -> list[client.V1Pod]:
+    def pods(self, job: str, role: str = "worker") -> list[Any]:
         sel = f"etj.dev/job={job},etj.dev/role={role}"
         return list(self.core.list_namespaced_pod(self.ns, label_selector=sel).items)
 
-    def running_workers(self, job: str) -> list[client.V1Pod]:
+    def running_workers(self, job: str) -> list[Any]:
         return [
             p for p in self.pods(job) if p.status.phase == "Running" and not p.metadata.deletion_timestamp
         ]
 
-    def events(self, job: str) -> list[client.CoreV1Event]:
+    def events(self, job: str) -> list[Any]:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={job}").items
         return list(evs)
 
@@ -177,7 +179,7 @@ class Bed:
 
     def taint(self, node: str, key: str, effect: str = "NoSchedule") -> float:
         """Add a taint; return the monotonic time the request was sent."""
-        current = self.core.read_node(node).spec.taints or []
+        current = cast(Any, self.core.read_node(node)).spec.taints or []
         kept = [client.ApiClient().sanitize_for_serialization(t) for t in current]
         body = {"spec": {"taints": [*kept, {"key": key, "effect": effect}]}}
         sent = time.monotonic()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_job_reaches_max_with_store_on_demand(bed: Bed, operator: OperatorProces
     )
     store = bed.pods("scale", "rendezvous")
     assert len(store) == 1 and store[0].spec.node_name == od
-    svc = bed.core.read_namespaced_service("scale-rdzv", bed.ns)
+    svc: Any = bed.core.read_namespaced_service("scale-rdzv", bed.ns)
     assert svc.spec.cluster_ip == "None" and svc.spec.publish_not_ready_addresses is True
     bed.wait(
         "Ready condition",

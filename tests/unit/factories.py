@@ -37,7 +37,7 @@ def status(**fields: Any) -> ElasticTrainingJobStatus:
     return ElasticTrainingJobStatus.model_validate(fields)
 
 
-def started(current: int, desired: int = 4, **fields: Any) -> ElasticTrainingJobStatus:
+def started(current: int, *, desired: int = 4, **fields: Any) -> ElasticTrainingJobStatus:
     """Status of a job that has been running for a while with ``current`` workers."""
     return status(
         phase="Running",

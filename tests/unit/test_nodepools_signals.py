@@ -132,10 +132,10 @@ def test_taint_signals(taints: list[dict[str, Any]], reason: Reason | None) -> N
 
 
 def test_cordon_and_deletion_are_signals() -> None:
-    assert node_signal(node_body(unschedulable=True)).reason == Reason.NODE_CORDONED  # type: ignore[union-attr]
+    assert node_signal(node_body(unschedulable=True)).reason == Reason.NODE_CORDONED
     body = node_body()
     body["metadata"]["deletionTimestamp"] = "2026-01-01T00:05:00Z"
-    assert node_signal(body).reason == Reason.NODE_DELETED  # type: ignore[union-attr]
+    assert node_signal(body).reason == Reason.NODE_DELETED
     assert not node_info(node_body(unschedulable=True)).schedulable
 
 

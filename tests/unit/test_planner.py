@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -34,10 +35,10 @@ class Case:
     drains: list[tuple[str, Reason]]
     phase: Phase
     requeue: float | None = None  # expected requeue_after (seconds), None = no timer needed
-    check: Callable[[Plan], None] = field(default=lambda p: None)
+    check: Callable[[Plan], object] = field(default=lambda p: None)
 
 
-def _resize(reason: str, frm: int, to: int) -> Callable[[Plan], None]:
+def _resize(reason: str, frm: int, to: int) -> Callable[[Plan], object]:
     def check(p: Plan) -> None:
         last = p.status.resize_history[-1]
         assert (last.reason, last.from_, last.to) == (reason, frm, to)
@@ -47,12 +48,12 @@ def _resize(reason: str, frm: int, to: int) -> Callable[[Plan], None]:
 
 
 RUNNING4 = [worker(i, f"spot-{i}") for i in range(4)]
-RECENT_RESIZE = {
+RECENT_RESIZE: dict[str, Any] = {
     "resizeHistory": [
         {"time": (NOW - timedelta(seconds=10)).isoformat(), "from": 4, "to": 3, "reason": "SpotInterruption"}
     ]
 }
-OLD_RESIZE = {
+OLD_RESIZE: dict[str, Any] = {
     "resizeHistory": [
         {"time": (NOW - timedelta(minutes=10)).isoformat(), "from": 4, "to": 3, "reason": "SpotInterruption"}
     ]
@@ -147,7 +148,7 @@ CASES = [
     ),
     Case(
         "on-demand only job ignores spot capacity and spot interruptions elsewhere",
-        job(spec(placement={"capacityTypes": ["on-demand"]}), started(1, 1, **OLD_RESIZE)),
+        job(spec(placement={"capacityTypes": ["on-demand"]}), started(1, desired=1, **OLD_RESIZE)),
         observe(
             [node("spot-0", signal=Reason.SPOT_INTERRUPTION), node("od-0", CapacityType.ON_DEMAND, 2)],
             [worker(0, "od-0"), store()],
@@ -171,7 +172,7 @@ CASES = [
     ),
     Case(
         "interruption that drops the job below min refills into free slots only",
-        job(spec(replicas={"min": 2, "max": 2}), started(2, 2)),
+        job(spec(replicas={"min": 2, "max": 2}), started(2, desired=2)),
         observe(
             [node("spot-0"), node("spot-1", signal=Reason.SPOT_INTERRUPTION), node("spot-2"), *cluster(0)],
             [worker(0, "spot-0"), worker(1, "spot-1"), store()],

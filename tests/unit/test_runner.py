@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any, cast
 
 import kopf
 import pytest
@@ -35,7 +36,7 @@ def test_login_reads_kubeconfig_from_the_environment_at_call_time(
     )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    info = handlers.login(logger=logging.getLogger("t"), settings=kopf.OperatorSettings())
+    info: Any = cast(Any, handlers.login)(logger=logging.getLogger("t"), settings=kopf.OperatorSettings())
     assert info is not None and info.server == "https://127.0.0.1:1" and info.token == "t"
 
 
@@ -72,4 +73,6 @@ def test_watch_handlers_run_on_the_event_loop() -> None:
     fns = [h.fn for h in registry._watching.get_all_handlers()] + [
         h.fn for h in registry._indexing.get_all_handlers()
     ]
-    assert fns and all(inspect.iscoroutinefunction(fn) for fn in fns), [f.__name__ for f in fns]
+    assert fns and all(inspect.iscoroutinefunction(fn) for fn in fns), [
+        getattr(f, "__name__", f) for f in fns
+    ]
