@@ -209,6 +209,11 @@ class Demo:
             )
             if live is not None:
                 live.update(job, self.result.events)
+            for proc, what in zip(self.procs, ("process-node harness", "operator"), strict=False):
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"the {what} exited ({proc.returncode}); see its log in {self.run_dir}"
+                    )
             if status.get("phase") in ("Succeeded", "Failed"):
                 break
             epoch, world = progress.get("epoch") or 0, status.get("worldSize") or 0
@@ -300,6 +305,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.kubeconfig is None:
@@ -310,6 +319,10 @@ def run_demo(argv: list[str]) -> int:
     run_dir = args.run_dir or toolchain.cache_root() / "demo" / time.strftime("%Y%m%d-%H%M%S")
     manifest = yaml.safe_load(args.manifest.read_text())
     script = Script(args.interrupt_epoch, return_after_s=args.return_after, timeout_s=args.timeout)
+    # Ctrl-C and SIGTERM both end in the cleanup below; SIGINT may arrive ignored (a background job of a
+    # script), so its handler is set explicitly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     demo = Demo(args.kubeconfig, args.namespace, run_dir, manifest, script)
     print(f"run directory: {run_dir} (operator.log, proclet.log, pods/*/*.log)", file=sys.stderr)
     try:
