@@ -308,6 +308,14 @@ CASES = [
         drains=[("train-worker-3", Reason.SCALED_BY_USER), ("train-worker-2", Reason.SCALED_BY_USER)],
     ),
     Case(
+        "more workers than max without a lower max (lagging index) drains the excess, not 'by user'",
+        job(st=started(4)),
+        observe(cluster(spot=5), [*RUNNING4, worker(4, "spot-4"), store()]),
+        creates=[],
+        drains=[("train-worker-4", Reason.EXCESS_WORKER)],
+        phase=Phase.RESIZING,
+    ),
+    Case(
         "store on an interrupted node is replaced, never while the old one exists",
         job(st=started(4)),
         observe(

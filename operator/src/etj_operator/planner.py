@@ -238,11 +238,13 @@ def plan(job: JobView, obs: Observed) -> Plan:
     elif len(survivors) > spec.replicas.max:
         # Scaled down by the user (or the scale subresource): drop pending workers first, then the
         # highest slots, so the lowest, longest-running ranks stay.
+        # Without a lower max it is an excess worker: an index that lagged past the expectation TTL
+        # let one more pod be created (rare, and corrected here).
+        lowered = (prev.desired_replicas or 0) > spec.replicas.max
+        why = Reason.SCALED_BY_USER if lowered else Reason.EXCESS_WORKER
         extra = sorted(survivors, key=lambda p: (p.phase == "Running", -(p.slot or 0)))
         for pod in extra[: len(survivors) - spec.replicas.max]:
-            out.drains.append(
-                Drain(pod.name, Reason.SCALED_BY_USER, f"replicas.max is {spec.replicas.max}", pod.node)
-            )
+            out.drains.append(Drain(pod.name, why, f"replicas.max is {spec.replicas.max}", pod.node))
         dropped = {d.pod for d in out.drains}
         survivors = [p for p in survivors if p.name not in dropped]
 

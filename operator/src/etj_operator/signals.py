@@ -31,6 +31,7 @@ class Reason(StrEnum):
     WORKER_FAILED = "WorkerFailed"
     CAPACITY_ADDED = "CapacityAdded"
     SCALED_BY_USER = "ScaledByUser"
+    EXCESS_WORKER = "ExcessWorker"
     SUSPENDED = "Suspended"
     FINISHED = "JobFinished"
     FAILED = "JobFailed"
