@@ -92,6 +92,41 @@ def test_worker_resources_shm_and_checkpoint_volume() -> None:
     assert {"name": "etj-checkpoints", "mountPath": "/ckpt"} in c["volumeMounts"]
 
 
+CHECKPOINT_VOLUME_CASES = {
+    # name: (checkpoint section, extra trainer fields, expected etj-checkpoints volume source or None)
+    "no-storage-gets-a-pod-local-emptydir": ({"path": "/checkpoints"}, {}, {"emptyDir": {}}),
+    "pvc-is-used-as-is": (
+        {"pvc": {"claimName": "c"}, "path": "/checkpoints"},
+        {},
+        {"persistentVolumeClaim": {"claimName": "c"}},
+    ),
+    "uri-needs-no-volume": ({"uri": "s3://bucket/job", "path": "/checkpoints"}, {}, None),
+    "under-tmp-is-already-writable": ({"path": "/tmp/ckpt"}, {}, None),
+    "user-mount-covers-the-path": (
+        {"path": "/data/ckpt"},
+        {
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        },
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECKPOINT_VOLUME_CASES))
+def test_checkpoint_path_is_always_writable_under_a_read_only_root(case: str) -> None:
+    checkpoint, trainer_extra, expected = CHECKPOINT_VOLUME_CASES[case]
+    pod = _pod(checkpoint=checkpoint, trainer={"image": "t", **trainer_extra})
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    if expected is None:
+        assert "etj-checkpoints" not in vols
+    else:
+        assert {k: v for k, v in vols["etj-checkpoints"].items() if k != "name"} == expected
+        assert {"name": "etj-checkpoints", "mountPath": checkpoint["path"]} in mounts
+
+
 def _required_terms(pod: dict[str, Any]) -> list[list[dict[str, Any]]]:
     node = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
     terms = node.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [])

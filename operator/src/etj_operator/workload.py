@@ -209,6 +209,16 @@ def _resources(spec: ElasticTrainingJobSpec) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
 
 
+def _needs_scratch_checkpoint_dir(spec: ElasticTrainingJobSpec, mounts: list[dict[str, Any]]) -> bool:
+    if spec.checkpoint.pvc is not None or spec.checkpoint.uri is not None:
+        return False
+    path = spec.checkpoint.path.rstrip("/") or "/"
+    return not any(
+        path == m["mountPath"].rstrip("/") or path.startswith(m["mountPath"].rstrip("/") + "/")
+        for m in mounts
+    )
+
+
 def worker_pod(
     spec: ElasticTrainingJobSpec,
     *,
@@ -245,6 +255,12 @@ def worker_pod(
         mounts.append(mount)
     volumes += [v.model_dump(mode="json", by_alias=True, exclude_none=True) for v in spec.trainer.volumes]
     mounts += [m.to_dict() for m in spec.trainer.volume_mounts]
+    if _needs_scratch_checkpoint_dir(spec, mounts):
+        # The root filesystem is read-only: without a PVC, URI or user mount the trainer could not write
+        # checkpoints at all. A pod-local emptyDir keeps SIGTERM checkpoints working; joiners then take
+        # state from a peer (docs/trainer.md), since nothing outlives the pod.
+        volumes.append({"name": "etj-checkpoints", "emptyDir": {}})
+        mounts.append({"name": "etj-checkpoints", "mountPath": spec.checkpoint.path})
     container: dict[str, Any] = {
         "name": "trainer",
         "image": spec.trainer.image,
