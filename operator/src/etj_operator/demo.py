@@ -28,7 +28,7 @@ from etj_operator.demo_view import Live, logged_accuracy, write_timeline
 from etj_operator.localcluster import toolchain
 from etj_operator.localcluster.proclet import start_subprocess
 from etj_operator.localcluster.proclet_kube import MERGE, Kube
-from etj_operator.localcluster.proclet_nodes import process_node, selector_for
+from etj_operator.localcluster.proclet_nodes import INSTANCE_LABEL, process_node, selector_for
 
 REPO = Path(__file__).resolve().parents[3]
 GROUP_PATH = "/apis/etj.dev/v1alpha1"
@@ -153,6 +153,13 @@ class Demo:
         spec.setdefault("checkpoint", {})["path"] = str(self.run_dir / "checkpoints")
         env = spec["trainer"].setdefault("env", [])
         env.append({"name": "ETJ_SAMPLE_LOG_DIR", "value": str(self.run_dir / "samples")})
+        # Only this demo's process nodes: on a real cluster (kind) the store must not land on a real node,
+        # whose pod IPs the local worker processes cannot reach, nor on another demo's nodes.
+        pin = {INSTANCE_LABEL: self.instance}
+        placement = spec.setdefault("placement", {})
+        placement["nodeSelector"] = {**(placement.get("nodeSelector") or {}), **pin}
+        rendezvous = placement.setdefault("rendezvous", {})
+        rendezvous["nodeSelector"] = {**(rendezvous.get("nodeSelector") or {}), **pin}
         names = {e["name"]: e.get("value") for e in env}
         if "ETJ_VAL_DATA" not in names and names.get("ETJ_DATA"):
             # Without validation data the trainer reports no accuracy, and the demo ends by printing it.
