@@ -1,0 +1,318 @@
+"""Chaos bench: the spot demo's job survives >= 20 random events and still Succeeds with nothing lost.
+
+Reuses `etj_operator.demo.Demo` (local control plane, operator subprocess, process-backed nodes, the CPU
+demo job `examples/demo-cpu.yaml`) with its own scripted interruption switched off, and injects a seeded
+random schedule of events instead, one every 8-15 s and only once the job has made progress since the last
+one:
+
+- ``pod-delete``: ``kubectl delete pod`` of a running worker (graceful: SIGTERM, grace period);
+- ``pod-kill``: the same with ``--grace-period=0 --force`` (the SIGKILL equivalent);
+- ``node-delete``: a spot node (one hosting a worker if any) is deleted; a fresh spot node comes later;
+- ``spot-interruption``: the AWS NTH taint ``aws-node-termination-handler/spot-itn:NoSchedule`` and a cordon
+  on a spot node hosting a worker; the node is deleted once drained (or after the notice), a fresh one later;
+- ``operator-restart``: the operator process is SIGKILLed and a new one started with the same command.
+
+On-demand nodes are never touched, so capacity never drops below ``replicas.min`` (1). At the end: the job
+must be Succeeded, every training sample seen exactly once in every epoch (the trainer's sample log, read
+with `etj_trainer.sample_log.consumed_per_epoch` as the e2e does), and at least ``--events`` events done.
+Prints one JSON object; exits 1 otherwise. Runs on a private cluster (``ETJ_CLUSTER_NAME=chaos``,
+``ETJ_CLUSTER_PORT_BASE=18400`` unless set) that is stopped at the end.
+
+    .venv/bin/python bench/chaos.py --seed 1 [--events 24] [--epochs 40] [--keep-cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from etj_operator.demo import SPOT_ITN, Demo, Script
+from etj_operator.demo_view import logged_accuracy
+
+REPO = Path(__file__).resolve().parents[1]
+JSON = dict[str, Any]
+KINDS = ("pod-delete", "pod-kill", "node-delete", "spot-interruption", "operator-restart")
+WEIGHTS = (3, 3, 2, 2, 1)
+NOTICE_S = 60.0  # the interrupted node goes at the latest this long after the notice
+RETURN_S = (8.0, 15.0)  # a fresh spot node this long after one is gone
+
+
+@dataclass
+class Chaos:
+    seed: int
+    events: int
+    gap_s: tuple[float, float] = (8.0, 15.0)
+    rng: random.Random = field(init=False)
+    kinds: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        # Every kind at least once (operator restart included), the rest drawn by weight; shuffled.
+        kinds = list(KINDS) + self.rng.choices(KINDS, WEIGHTS, k=max(0, self.events - len(KINDS)))
+        self.rng.shuffle(kinds)
+        self.kinds = kinds
+
+
+class ChaosDemo(Demo):
+    """`Demo` with a chaos schedule: `Demo.run` polls `job()` once a second, which is the hook used here."""
+
+    def __init__(self, *args: Any, chaos: Chaos, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.chaos = chaos
+        self.done: list[JSON] = []  # the events, with time, kind, target, and the job's state then
+        self.next_at = 0.0
+        self.last_progress: tuple[int, int] = (-1, -1)
+        self.notices: dict[str, float] = {}  # interrupted node -> monotonic time of the notice
+        self.returns: list[float] = []  # monotonic times at which a fresh spot node is due
+        self.spot_serial = 3
+        self.operator_restarts = 0
+
+    # ---- the hook ---------------------------------------------------------------------------
+
+    def job(self) -> JSON:
+        job = super().job()
+        try:
+            self.tick(job)
+        except Exception as e:  # a failed injection is recorded, not fatal to the run
+            self.event(f"chaos step failed: {e!r}")
+        return job
+
+    def tick(self, job: JSON) -> None:
+        now = time.monotonic()
+        status = job.get("status") or {}
+        progress = status.get("progress") or {}
+        for node, at in list(self.notices.items()):
+            drained = node not in self.worker_nodes().values()
+            if drained or now - at > NOTICE_S:
+                self.kubectl("delete", "node", node, "--wait=false", check=False)
+                self.nodes.remove(node)
+                del self.notices[node]
+                self.returns.append(now + self.chaos.rng.uniform(*RETURN_S))
+                self.event(f"{node} terminated ({'after the drain' if drained else 'notice expired'})")
+        for due in [t for t in self.returns if t <= now]:
+            self.returns.remove(due)
+            name = f"{self.instance}-spot-{self.spot_serial}"
+            self.spot_serial += 1
+            self.add_node(name, "spot")
+            self.event(f"spot capacity is back: {name}")
+        if len(self.done) >= len(self.chaos.kinds) or status.get("phase") != "Running":
+            return
+        here = (progress.get("epoch") or 0, progress.get("step") or 0)
+        if self.next_at == 0.0:
+            self.next_at = now + self.chaos.rng.uniform(*self.chaos.gap_s)
+        # Due, and the job trained at least one step since the last event (else: wait for it).
+        if now < self.next_at or here <= self.last_progress:
+            return
+        kind = self.chaos.kinds[len(self.done)]
+        target = self.inject(kind)
+        if target is None:  # nothing to hit for this kind now (no spot node with a worker, say)
+            kind, target = "pod-delete", self.inject("pod-delete")
+            if target is None:
+                return
+        self.done.append(
+            {
+                "t": round(time.time() - self.result.t0, 1),
+                "kind": kind,
+                "target": target,
+                "world": status.get("worldSize"),
+                "epoch": here[0],
+                "step": here[1],
+            }
+        )
+        self.last_progress = here
+        self.next_at = now + self.chaos.rng.uniform(*self.chaos.gap_s)
+
+    # ---- the events -------------------------------------------------------------------------
+
+    def running_workers(self) -> list[str]:
+        pods = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods", labelSelector=f"etj.dev/job={self.name}")
+        return sorted(
+            p["metadata"]["name"]
+            for p in pods.get("items") or []
+            if p["metadata"].get("labels", {}).get("etj.dev/role") == "worker"
+            and not p["metadata"].get("deletionTimestamp")
+            and (p.get("status") or {}).get("phase") == "Running"
+        )
+
+    def spot_nodes(self, with_worker: bool) -> list[str]:
+        spot = [n for n in self.nodes if n.startswith(f"{self.instance}-spot") and n not in self.notices]
+        if with_worker:
+            hosting = set(self.worker_nodes().values())
+            spot = [n for n in spot if n in hosting]
+        return sorted(spot)
+
+    def inject(self, kind: str) -> str | None:
+        rng = self.chaos.rng
+        if kind in ("pod-delete", "pod-kill"):
+            workers = self.running_workers()
+            if not workers:
+                return None
+            pod = rng.choice(workers)
+            force = ["--grace-period=0", "--force"] if kind == "pod-kill" else []
+            self.kubectl("delete", "pod", pod, "-n", self.ns, "--wait=false", *force, check=False)
+            self.event(f"{kind}: {pod}")
+            return pod
+        if kind == "node-delete":
+            nodes = self.spot_nodes(with_worker=True) or self.spot_nodes(with_worker=False)
+            if not nodes:
+                return None
+            node = rng.choice(nodes)
+            self.kubectl("delete", "node", node, "--wait=false", check=False)
+            self.nodes.remove(node)
+            self.returns.append(time.monotonic() + rng.uniform(*RETURN_S))
+            self.event(f"node-delete: {node} (machine gone without notice)")
+            return node
+        if kind == "spot-interruption":
+            nodes = self.spot_nodes(with_worker=True)
+            if not nodes:
+                return None
+            node = rng.choice(nodes)
+            self.interrupt(node)
+            self.notices[node] = time.monotonic()
+            self.event(f"spot-interruption: {node} (taint {SPOT_ITN}:NoSchedule, cordon)")
+            return node
+        if kind == "operator-restart":
+            self.restart_operator()
+            return "operator"
+        raise ValueError(kind)
+
+    def restart_operator(self) -> None:
+        """SIGKILL the operator (no clean shutdown) and start a new one with the command `Demo.start` used."""
+        old = self.procs[1]
+        old.send_signal(signal.SIGKILL)
+        old.wait(30)
+        with open(self.run_dir / "operator.log", "ab") as log:
+            log.write(f"\n==== chaos: operator SIGKILLed (pid {old.pid}), starting a new one ====\n".encode())
+            log.flush()
+            self.procs[1] = subprocess.Popen(
+                old.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        self.operator_restarts += 1
+        self.event(f"operator-restart: pid {old.pid} killed, new pid {self.procs[1].pid}")
+
+
+def check_samples(run_dir: Path, epochs: int) -> JSON:
+    """Every training sample exactly once in every epoch (the e2e's check, against the dataset itself)."""
+    from etj_trainer.digits import digits_split
+    from etj_trainer.sample_log import consumed_per_epoch
+
+    n = len(digits_split()["train"][1])
+    got = consumed_per_epoch(run_dir / "samples")
+    problems: list[str] = []
+    if sorted(got) != list(range(epochs)):
+        problems.append(f"epochs in the sample log: {sorted(got)}, want 0..{epochs - 1}")
+    for epoch in sorted(got):
+        counts = Counter(got[epoch])
+        dup = sorted(i for i, c in counts.items() if c > 1)
+        missing = sorted(set(range(n)) - set(counts))
+        extra = sorted(set(counts) - set(range(n)))
+        if dup:
+            problems.append(f"epoch {epoch}: {len(dup)} samples trained twice, e.g. {dup[:10]}")
+        if missing:
+            problems.append(f"epoch {epoch}: {len(missing)} samples skipped, e.g. {missing[:10]}")
+        if extra:
+            problems.append(f"epoch {epoch}: unknown sample ids {extra[:10]}")
+    return {"ok": not problems, "dataset_size": n, "epochs_logged": len(got), "problems": problems}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--events", type=int, default=24, help="chaos events to inject (at least 20 must land)")
+    p.add_argument("--min-events", type=int, default=20)
+    p.add_argument("--epochs", type=int, default=40, help="long enough for the events to land mid-training")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds")
+    p.add_argument("--manifest", type=Path, default=REPO / "examples" / "demo-cpu.yaml")
+    p.add_argument("--run-dir", type=Path)
+    p.add_argument("--keep-cluster", action="store_true", help="leave the private cluster running")
+    return p.parse_args(argv)
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("ETJ_CLUSTER_NAME", "chaos")
+    os.environ.setdefault("ETJ_CLUSTER_PORT_BASE", "18400")
+    from etj_operator.localcluster import toolchain
+    from etj_operator.localcluster.cluster import LocalCluster
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    run_dir = args.run_dir or toolchain.cache_root() / "chaos" / time.strftime("%Y%m%d-%H%M%S")
+    manifest = yaml.safe_load(args.manifest.read_text())
+    manifest = copy.deepcopy(manifest)
+    manifest["spec"]["training"]["epochs"] = args.epochs
+    chaos = Chaos(args.seed, args.events)
+    cluster = LocalCluster.named()
+    print(f"chaos: seed {args.seed}, {args.events} events, run directory {run_dir}", file=sys.stderr)
+    t_start = time.monotonic()
+    demo: ChaosDemo | None = None
+    try:
+        kubeconfig = cluster.up()
+        # The demo's own interruption: off. Another job's rendezvous store on this machine holds ports
+        # 29400/29401 (shared host network): wait up to 10 min for it.
+        script = Script(interrupt_epoch=10**6, timeout_s=args.timeout, ports_wait_s=600)
+        demo = ChaosDemo(kubeconfig, "etj-chaos", run_dir, manifest, script, instance="chaos", chaos=chaos)
+        demo.start()
+        result = demo.run()
+    except KeyboardInterrupt:
+        print("\ninterrupted: cleaning up", file=sys.stderr)
+        return 130
+    finally:
+        if demo is not None:
+            demo.cleanup(delete_job=True)
+        if not args.keep_cluster:
+            cluster.down()
+    status = result.status.get("status") or {}
+    accuracy = (status.get("progress") or {}).get("accuracy")
+    if accuracy is None:
+        accuracy = logged_accuracy(run_dir)
+    samples = check_samples(run_dir, args.epochs)
+    succeeded = result.phase == "Succeeded"
+    enough = len(demo.done) >= args.min_events
+    summary = {
+        "seed": args.seed,
+        "run_dir": str(run_dir),
+        "succeeded": succeeded,
+        "phase": result.phase,
+        "exactly_once": samples["ok"],
+        "sample_check": samples,
+        "accuracy": accuracy,
+        "events_injected": len(demo.done),
+        "enough_events": enough,
+        "counts": dict(Counter(e["kind"] for e in demo.done)),
+        "events": demo.done,
+        "log": [{"t": round(t, 1), "what": what} for t, what in result.events],
+        "resizes": [
+            {k: r.get(k) for k in ("from", "to", "reason", "pauseSeconds", "stepsLost")}
+            for r in status.get("resizeHistory") or []
+        ],
+        "failures": status.get("failures"),
+        "conditions": [
+            {k: c.get(k) for k in ("type", "status", "reason", "message")}
+            for c in status.get("conditions") or []
+        ],
+        "wall_s": round(time.monotonic() - t_start, 1),
+    }
+    print(json.dumps(summary, indent=2))
+    return 0 if succeeded and samples["ok"] and enough else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
