@@ -18,7 +18,7 @@ with `etj_trainer.sample_log.consumed_per_epoch` as the e2e does), and at least 
 Prints one JSON object; exits 1 otherwise. Runs on a private cluster (``ETJ_CLUSTER_NAME=chaos``,
 ``ETJ_CLUSTER_PORT_BASE=18400`` unless set) that is stopped at the end.
 
-    .venv/bin/python bench/chaos.py --seed 1 [--events 24] [--epochs 40] [--keep-cluster]
+    .venv/bin/python bench/chaos.py --seed 1 [--events 24] [--epochs 60] [--keep-cluster]
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--events", type=int, default=24, help="chaos events to inject (at least 20 must land)")
     p.add_argument("--min-events", type=int, default=20)
-    p.add_argument("--epochs", type=int, default=40, help="long enough for the events to land mid-training")
+    p.add_argument("--epochs", type=int, default=60, help="long enough for the events to land mid-training")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds")
     p.add_argument("--manifest", type=Path, default=REPO / "examples" / "demo-cpu.yaml")
     p.add_argument("--run-dir", type=Path)
