@@ -204,6 +204,12 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         opt.step()
         if cfg.min_step_seconds > 0:
             time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - t_last)))
+        if samples_log:
+            # Logged before the all-reduce that commits the step: a rank killed right after that
+            # collective used to leave a committed step without its record (found by bench/chaos.py). A
+            # record of a step that never commits is harmless: the redo logs it again under a newer
+            # incarnation, and the checker keeps the newest.
+            samples_log.write(sampler.epoch, step + 1, world, mine)
         stats = torch.stack([loss_sum, torch.tensor(float(stop.requested), dtype=torch.float64)])
         if dist_on:
             dist.all_reduce(stats)
@@ -211,8 +217,6 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         step += 1
         meta["samples_seen"] = int(meta["samples_seen"]) + len(gidx)
         loss_val = float(stats[0]) / len(gidx)
-        if samples_log:
-            samples_log.write(sampler_epoch_of(sampler, len(gidx)), step, world, mine)
         now = time.monotonic()
         rate = (
             0.8 * rate + 0.2 * (len(gidx) / max(now - t_last, 1e-9))
@@ -283,11 +287,6 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         world_size=world,
         params={k: v.detach().clone() for k, v in model.state_dict().items()},
     )
-
-
-def sampler_epoch_of(sampler: ElasticSampler, just_committed: int) -> int:
-    """Epoch of the step just committed (the sampler may already have rolled over)."""
-    return sampler.epoch - 1 if sampler.state.consumed == 0 and just_committed > 0 else sampler.epoch
 
 
 def _save(
