@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 from etj_trainer.checkpoint import list_checkpoints, load_latest
-from etj_trainer.local_launcher import free_port
+from etj_trainer.local_launcher import launch_store
 from etj_trainer.progress import get_json, post_json
 
 TRAIN_ARGS = [
@@ -75,21 +75,7 @@ def test_sigterm_writes_checkpoint_at_next_step_boundary(tmp_path: Path) -> None
 
 
 def test_store_serves_progress_and_tcpstore(tmp_path: Path) -> None:
-    port, http_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "etj_trainer.cli",
-            "store",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--http-port",
-            str(http_port),
-        ]
-    )
+    proc, port, http_port = launch_store()
     url = f"http://127.0.0.1:{http_port}/progress"
     try:
         _wait_for(lambda: get_json(url) is not None)

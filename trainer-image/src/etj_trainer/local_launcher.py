@@ -22,6 +22,20 @@ from pathlib import Path
 from etj_trainer.progress import get_json
 
 
+def launch_store(log: Path | None = None) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start `etj-train store` on free loopback ports; return the process, store port and HTTP port."""
+    port, http_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1",
+           "--port", str(port), "--http-port", str(http_port)]  # fmt: skip
+    out = open(log, "wb") if log is not None else None  # noqa: SIM115 - the child owns it
+    try:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
+    finally:
+        if out is not None:
+            out.close()
+    return proc, port, http_port
+
+
 @dataclass
 class ScheduleEvent:
     step: int
@@ -55,27 +69,11 @@ class LocalCluster:
     events: list[dict[str, object]] = field(default_factory=list)
 
     def start_store(self) -> None:
-        port, http_port = free_port(), free_port()
-        self.store = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "etj_trainer.cli",
-                "store",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--http-port",
-                str(http_port),
-            ],
-            stdout=open(self.log_dir / "store.log", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-        )
+        self.store, port, http_port = launch_store(self.log_dir / "store.log")
         self.env["ETJ_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
         self.progress_url = self.env["ETJ_PROGRESS_URL"] = f"http://127.0.0.1:{http_port}/progress"
         deadline = time.monotonic() + 60
-        while get_json(self.progress_url.replace("/progress", "/progress")) is None:
+        while get_json(self.progress_url) is None:
             if time.monotonic() > deadline or self.store.poll() is not None:
                 raise RuntimeError("etj-train store did not come up; see store.log")
             time.sleep(0.2)
