@@ -303,6 +303,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--run-dir", type=Path, help="logs, checkpoints, sample logs (default: a new dir in the cache)"
     )
+    p.add_argument(
+        "--no-reference",
+        dest="reference",
+        action="store_false",
+        help="skip the fixed-size reference run whose accuracy is printed next to the elastic run's",
+    )
     p.add_argument("--interrupt-epoch", type=int, default=Script.interrupt_epoch)
     p.add_argument("--return-after", type=float, default=Script.return_after_s, help="seconds")
     p.add_argument("--timeout", type=float, default=Script.timeout_s, help="seconds")
@@ -330,27 +336,52 @@ def run_demo(argv: list[str]) -> int:
     # script), so its handler is set explicitly.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
-    demo = Demo(args.kubeconfig, args.namespace, run_dir, manifest, script)
     print(f"run directory: {run_dir} (operator.log, proclet.log, pods/*/*.log)", file=sys.stderr)
     try:
-        demo.start()
-        with Live() as live:
-            result = demo.run(live)
+        result = _run_one(Demo(args.kubeconfig, args.namespace, run_dir, manifest, script), args.keep)
+        status = result.status.get("status") or {}
+        print(f"\njob {result.phase}; resizes:")
+        for r in status.get("resizeHistory") or []:
+            print(
+                f"  {r.get('from')}→{r.get('to')} {r.get('reason')}: pause {r.get('pauseSeconds')} s, "
+                f"steps lost {r.get('stepsLost')}"
+            )
+        print(f"timeline: {write_timeline(result, args.timeline)}")
+        rows = [("elastic run (spot interruption and return)", _accuracy(result, run_dir))]
+        if args.reference and result.phase == "Succeeded":
+            # The question a user asks: what did the interruption cost? Same job and seed at the full
+            # size throughout, no interruption (the e2e test asserts the same comparison).
+            size = manifest["spec"]["replicas"]["max"]
+            fixed = copy.deepcopy(manifest)
+            fixed["spec"]["replicas"]["min"] = size
+            never = Script(interrupt_epoch=10**6, timeout_s=args.timeout)
+            print(f"\nreference: the same job on a fixed {size} workers, no interruption…", file=sys.stderr)
+            ref_dir = run_dir / "fixed-size"
+            ref = _run_one(
+                Demo(args.kubeconfig, f"{args.namespace}-fixed", ref_dir, fixed, never, "fixed"), False
+            )
+            rows.append((f"fixed-size run ({size} workers, no interruption)", _accuracy(ref, ref_dir)))
     except KeyboardInterrupt:
         print("\ninterrupted: cleaning up", file=sys.stderr)
         return 130
-    finally:
-        demo.cleanup(delete_job=not args.keep)
-    status = result.status.get("status") or {}
-    accuracy, source = (status.get("progress") or {}).get("accuracy"), "job status"
-    if accuracy is None:
-        accuracy, source = logged_accuracy(run_dir), "rank 0's log (the job status has none)"
-    shown = "-" if accuracy is None else f"{accuracy:.4f} (from {source})"
-    print(f"\njob {result.phase}; final accuracy: {shown}")
-    for r in status.get("resizeHistory") or []:
-        print(
-            f"  resize {r.get('from')}→{r.get('to')} {r.get('reason')}: pause {r.get('pauseSeconds')} s, "
-            f"steps lost {r.get('stepsLost')}"
-        )
-    print(f"timeline: {write_timeline(result, args.timeline)}")
+    print("\nfinal validation accuracy:")
+    for label, accuracy in rows:
+        print(f"  {label:<48} {'-' if accuracy is None else f'{accuracy:.4f}'}")
+    if len(rows) == 2 and rows[0][1] is not None and rows[1][1] is not None:
+        print(f"  difference: {100 * (rows[0][1] - rows[1][1]):+.2f} percentage points")
     return 0 if result.phase == "Succeeded" else 1
+
+
+def _run_one(demo: Demo, keep: bool) -> DemoResult:
+    try:
+        demo.start()
+        with Live() as live:
+            return demo.run(live)
+    finally:
+        demo.cleanup(delete_job=not keep)
+
+
+def _accuracy(result: DemoResult, run_dir: Path) -> float | None:
+    status = result.status.get("status") or {}
+    accuracy: float | None = (status.get("progress") or {}).get("accuracy")
+    return accuracy if accuracy is not None else logged_accuracy(run_dir)
