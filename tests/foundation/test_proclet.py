@@ -293,6 +293,8 @@ def _field(name: str, path: str) -> JSON:
 def test_process_node_goes_ready_and_stays_ready_past_a_lease_period(bed: Bed) -> None:
     name = bed.node()
     lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
+    # The harness writes the node's status before its first Lease: Ready can be seen a moment earlier.
+    bed.cluster.wait_for(f"the Lease of {name}", lambda: bed.kube.get_or_none(lease_path) is not None)
     first = bed.kube.get(lease_path)["spec"]
     assert first["holderIdentity"] == name
     node = bed.kube.get(f"/api/v1/nodes/{name}")
