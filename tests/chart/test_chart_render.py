@@ -213,11 +213,16 @@ def test_operator_tuning_values_become_flags() -> None:
     ]
 
 
-def test_default_trainer_image_and_operator_image_values() -> None:
+def test_default_trainer_image_and_operator_image_values(monkeypatch: pytest.MonkeyPatch) -> None:
     objs = render({"trainer": {"image": "registry.example.com/etj-trainer:1.2.3"}})
     container = _operator_container(objs)
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ETJ_DEFAULT_TRAINER_IMAGE"] == "registry.example.com/etj-trainer:1.2.3"
+    # The operator, started with the pod's variable and args, uses it for jobs without an image.
+    monkeypatch.setenv("ETJ_DEFAULT_TRAINER_IMAGE", env["ETJ_DEFAULT_TRAINER_IMAGE"])
+    settings = build_state(_operator_flags(objs)).settings
+    monkeypatch.delenv("ETJ_DEFAULT_TRAINER_IMAGE")
+    assert settings.default_trainer_image == "registry.example.com/etj-trainer:1.2.3"
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert container["image"] == f"ghcr.io/etj-dev/etj-operator:{chart['appVersion']}"
     digest = "sha256:" + "a" * 64

@@ -40,6 +40,15 @@ class JobView:
     generation: int
     spec: ElasticTrainingJobSpec
     status: ElasticTrainingJobStatus
+    # The operator's default trainer image (--default-trainer-image, the chart's trainer.image), for jobs
+    # whose spec names none.
+    default_image: str | None = None
+
+
+def trainer_image(job: JobView) -> str | None:
+    """The image the job's pods run: the spec's; else the one the job already runs (status.trainerImage),
+    so a changed operator default never mixes two images in one job; else the operator's default."""
+    return job.spec.trainer.image or job.status.trainer_image or job.default_image
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,9 @@ class Observed:
     pods: Sequence[PodInfo]  # this job's pods (workers and rendezvous)
     now: datetime
     node_usage: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # GPUs requested per node
+    # Namespaces whose pods node_usage counts; empty: all. A namespaced operator (--namespace, the chart's
+    # watchNamespaces) cannot see other namespaces' pods, so GPUs they use look free (docs/operator.md).
+    usage_namespaces: tuple[str, ...] = ()
     deleted_nodes: Mapping[str, datetime] = field(default_factory=dict)  # tombstones from the node index
     progress: Mapping[str, Any] | None = None
     progress_time: datetime | None = None
@@ -80,6 +92,7 @@ class Plan:
     create_rendezvous: bool = False
     rendezvous_capacity: list[CapacityType] = field(default_factory=list)
     status: ElasticTrainingJobStatus = field(default_factory=ElasticTrainingJobStatus)
+    trainer_image: str | None = None  # what new worker and store pods run (None: nothing may be created)
     events: list[KubeEvent] = field(default_factory=list)
     new_failures: int = 0
     requeue_after: float | None = None  # seconds until a time-based decision changes
@@ -251,8 +264,12 @@ def plan(job: JobView, obs: Observed) -> Plan:
     # 4. Refill missing workers. Pending pods are the demand signal for Karpenter/cluster-autoscaler.
     # Free capacity costs a pass over every node; it is computed only when a decision needs it (not on the
     # drain path, where latency matters and all jobs on lost nodes reconcile at once).
+    # Without an image (none in the spec, none recorded, no operator default) no pod can be created; the
+    # Ready condition and a Warning event say so, and the job waits for a spec edit.
+    out.trainer_image = trainer_image(job)
+    creatable = stop_reason is None and out.trainer_image is not None
     lazy = _LazyCapacity(spec, obs)
-    if stop_reason is None:
+    if creatable:
         out.create_workers = _free_slots(workers, _workers_to_add(job, obs, out, len(survivors), lazy))
 
     # 5. Rendezvous store: one pod per job on capacity that is not reclaimed, behind a headless Service.
@@ -280,7 +297,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
                         role="rendezvous",
                     )
                 )
-        out.create_rendezvous = not rdzv  # same fixed name: wait until a terminating one is gone
+        # Same fixed name: wait until a terminating one is gone.
+        out.create_rendezvous = not rdzv and out.trainer_image is not None
 
     # 6. Status, events, TTL.
     running = sum(1 for p in survivors if p.running)
@@ -303,6 +321,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         free_slots=lazy.get().total if running < spec.replicas.min else None,
         progress=obs.progress,
         progress_time=obs.progress_time,
+        trainer_image=out.trainer_image,
+        usage_namespaces=obs.usage_namespaces,
     )
     out.status, out.events = build_status(inputs)
     if terminal and spec.ttl_seconds_after_finished is not None and out.status.completion_time is not None:

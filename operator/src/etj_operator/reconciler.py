@@ -41,6 +41,9 @@ class Settings:
     resync_seconds: float = 30.0
     progress_seconds: float = 10.0  # 0 disables polling the store's /progress
     worker_grace_seconds: int = workload.DEFAULT_WORKER_GRACE_SECONDS
+    default_trainer_image: str | None = None  # for jobs without spec.trainer.image
+    # Namespaces watched (empty: all). Namespaced, the GPU-usage index sees only these namespaces' pods.
+    namespaces: tuple[str, ...] = ()
 
 
 class World(Protocol):
@@ -139,7 +142,13 @@ class JobRunner:
         if status is None:
             status = ElasticTrainingJobStatus.model_validate(body.get("status") or {})
         return JobView(
-            self.name, self.namespace, meta.get("uid", ""), int(meta.get("generation") or 0), spec, status
+            self.name,
+            self.namespace,
+            meta.get("uid", ""),
+            int(meta.get("generation") or 0),
+            spec,
+            status,
+            default_image=self.settings.default_trainer_image,
         )
 
     async def reconcile(self) -> Plan | None:
@@ -152,6 +161,7 @@ class JobRunner:
             pods=pods,
             now=utcnow(),
             node_usage=self.world.node_usage(),
+            usage_namespaces=self.settings.namespaces,
             deleted_nodes=self.world.deleted_nodes(),
             progress=self.progress,
             progress_time=self.progress_time,
@@ -174,7 +184,13 @@ class JobRunner:
         if result.create_rendezvous:
             creates.append(
                 self._create(
-                    workload.rendezvous_pod(job.spec, job=job.name, namespace=job.namespace, uid=job.uid),
+                    workload.rendezvous_pod(
+                        job.spec,
+                        job=job.name,
+                        namespace=job.namespace,
+                        uid=job.uid,
+                        image=result.trainer_image,
+                    ),
                     ROLE_RENDEZVOUS,
                     None,
                 )
@@ -187,6 +203,7 @@ class JobRunner:
                 uid=job.uid,
                 slot=slot,
                 grace_seconds=self.settings.worker_grace_seconds,
+                image=result.trainer_image,
             )
             creates.append(self._create(body, ROLE_WORKER, slot))
         await asyncio.gather(*creates)

@@ -25,6 +25,8 @@ from etj_operator.nodepools import CapacityRules
 from etj_operator.reconciler import Settings
 from etj_operator.workload import DEFAULT_WORKER_GRACE_SECONDS
 
+log = logging.getLogger(__name__)
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="etj operator run", description="Run the ElasticTrainingJob operator.")
@@ -45,6 +47,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         default=DEFAULT_WORKER_GRACE_SECONDS,
         help="terminationGracePeriodSeconds of worker pods (time for the just-in-time checkpoint)",
+    )
+    p.add_argument(
+        "--default-trainer-image",
+        default=os.environ.get("ETJ_DEFAULT_TRAINER_IMAGE") or None,
+        metavar="IMAGE",
+        help="image of jobs without spec.trainer.image (default: $ETJ_DEFAULT_TRAINER_IMAGE, which the "
+        "chart sets from trainer.image); without one such jobs wait with Ready=False/NoTrainerImage",
     )
     p.add_argument(
         "--default-capacity-type",
@@ -87,6 +96,8 @@ def build_state(args: argparse.Namespace) -> handlers.State:
         resync_seconds=args.resync_seconds,
         progress_seconds=args.progress_seconds,
         worker_grace_seconds=args.worker_grace_seconds,
+        default_trainer_image=args.default_trainer_image or None,
+        namespaces=tuple(args.namespace),
     )
     return handlers.State(settings, _rules(args))
 
@@ -98,6 +109,13 @@ async def operator(
     ready_flag: asyncio.Event | threading.Event | None = None,
 ) -> None:
     """The operator as a coroutine (also used by tests running it in a thread)."""
+    if args.namespace:
+        log.warning(
+            "watching namespaces %s only: GPUs that pods of other namespaces use on shared nodes are "
+            "not seen, so free-capacity estimates (scale-up timing, the CapacityAvailable condition) can "
+            "be high; the scheduler still places every pod correctly (docs/operator.md, 'Namespaced mode')",
+            ", ".join(args.namespace),
+        )
     # Drains and creates run in threads (sync client); many at once when a pool loses nodes.
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=64, thread_name_prefix="etj")

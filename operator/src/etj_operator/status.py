@@ -56,6 +56,21 @@ class StatusInputs:
     free_slots: int | None  # more workers that would fit on eligible nodes now; None: not computed (≥ min)
     progress: Mapping[str, Any] | None = None
     progress_time: datetime | None = None
+    trainer_image: str | None = None  # what the pods run; None: no image anywhere, nothing can start
+    usage_namespaces: tuple[str, ...] = ()  # namespaces whose pods' GPU use free_slots subtracts; (): all
+
+
+NO_TRAINER_IMAGE = "NoTrainerImage"
+NO_TRAINER_IMAGE_MESSAGE = (
+    "spec.trainer.image is not set and the operator has no default trainer image: set spec.trainer.image, "
+    "or the chart's trainer.image (etj operator run --default-trainer-image, ETJ_DEFAULT_TRAINER_IMAGE)"
+)
+
+
+PARTIAL_USAGE_NOTE = (
+    "counting only GPUs used by pods in the watched namespaces: the operator is namespaced, so GPUs that "
+    "pods of other namespaces use on the same nodes look free"
+)
 
 
 def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
@@ -194,6 +209,8 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
 
     if inp.progress:
         _apply_progress(st, inp.progress, inp.progress_time)
+    if inp.trainer_image is not None:
+        st.trainer_image = inp.trainer_image
 
     resizing = bool(worker_drains) or inp.terminating
     phase = _phase(inp, resizing)
@@ -220,6 +237,11 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
         )
     elif phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
         ready_reason, ready_msg = str(phase), f"job is {phase}"
+    elif inp.trainer_image is None:
+        ready_reason, ready_msg = NO_TRAINER_IMAGE, NO_TRAINER_IMAGE_MESSAGE
+        prev_ready = next((c for c in inp.prev.conditions if c.type == ConditionType.READY), None)
+        if prev_ready is None or prev_ready.reason != NO_TRAINER_IMAGE:
+            events.append(KubeEvent("Warning", NO_TRAINER_IMAGE, NO_TRAINER_IMAGE_MESSAGE))
     elif not inp.rendezvous_running:
         ready_reason, ready_msg = "RendezvousNotRunning", "the rendezvous store pod is not running yet"
     else:
@@ -278,6 +300,8 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
         enough = reachable >= spec.replicas.min
         room = min(reachable, spec.replicas.max)
         capacity_msg = f"room for {room} of {spec.replicas.min}..{spec.replicas.max} workers"
+        if inp.usage_namespaces:
+            capacity_msg += f" ({PARTIAL_USAGE_NOTE})"
     conds = set_condition(
         conds,
         ConditionType.CAPACITY_AVAILABLE,

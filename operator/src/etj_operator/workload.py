@@ -219,6 +219,14 @@ def _needs_scratch_checkpoint_dir(spec: ElasticTrainingJobSpec, mounts: list[dic
     )
 
 
+def _image(spec: ElasticTrainingJobSpec, image: str | None) -> str:
+    """The resolved image (``planner.trainer_image``) or the spec's; a pod without one is a bug."""
+    resolved = image or spec.trainer.image
+    if not resolved:
+        raise ValueError("no trainer image: spec.trainer.image is unset and no default was resolved")
+    return resolved
+
+
 def worker_pod(
     spec: ElasticTrainingJobSpec,
     *,
@@ -227,7 +235,9 @@ def worker_pod(
     uid: str,
     slot: int,
     grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
+    image: str | None = None,
 ) -> dict[str, Any]:
+    """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image)."""
     name = worker_name(job, slot)
     placement = spec.placement
     shm: dict[str, Any] = {"medium": "Memory"}
@@ -263,7 +273,7 @@ def worker_pod(
         mounts.append({"name": "etj-checkpoints", "mountPath": spec.checkpoint.path})
     container: dict[str, Any] = {
         "name": "trainer",
-        "image": spec.trainer.image,
+        "image": _image(spec, image),
         "imagePullPolicy": spec.trainer.image_pull_policy.value,
         "command": list(spec.trainer.command),
         "args": list(spec.trainer.args),
@@ -305,12 +315,14 @@ def worker_pod(
     }
 
 
-def rendezvous_pod(spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str) -> dict[str, Any]:
+def rendezvous_pod(
+    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, image: str | None = None
+) -> dict[str, Any]:
     """The store pod: TCPStore for c10d rendezvous + progress HTTP endpoint, outside every worker."""
     rdzv = spec.placement.rendezvous
     container = {
         "name": "store",
-        "image": spec.trainer.image,
+        "image": _image(spec, image),
         "imagePullPolicy": spec.trainer.image_pull_policy.value,
         "command": ["etj-train", "store", "--port", str(RDZV_PORT), "--http-port", str(PROGRESS_PORT)],
         "ports": [

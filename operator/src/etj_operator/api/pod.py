@@ -219,8 +219,11 @@ class TrainerSpec(ApiModel):
         )
     }
 
-    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] = Field(
-        description="Trainer container image (must contain etj-train unless command is overridden)."
+    image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
+        default=None,
+        description="Trainer container image (must contain etj-train unless command is overridden). Unset: "
+        "the operator's default trainer image (the chart's trainer.image), recorded in status.trainerImage "
+        "when the job first starts so that workers added later run the same image.",
     )
     image_pull_policy: PullPolicy = Field(
         default=PullPolicy.IF_NOT_PRESENT, description="Image pull policy of the worker containers."

@@ -147,6 +147,12 @@ class ElasticTrainingJobStatus(StatusModel):
     failures: int | None = Field(
         default=None, ge=0, description="Worker failures counted against the budget."
     )
+    trainer_image: Annotated[str, Field(max_length=512)] | None = Field(
+        default=None,
+        description="Image the job's pods run: spec.trainer.image, or the operator's default trainer image "
+        "when the spec names none (kept from the job's first start, so a changed default never mixes images "
+        "in one job).",
+    )
     start_time: Time | None = Field(default=None, description="When the first worker started training.")
     completion_time: Time | None = Field(default=None, description="When the job Succeeded or Failed.")
 
