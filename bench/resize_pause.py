@@ -4,8 +4,15 @@ Both arms run the same trainer (tiny model on in-memory digits, ~20 steps/s) aga
 ``etj-train store``; the only difference is the launcher: ``etj-train worker`` (forkserver fast restart,
 explicit rendezvous leave on SIGTERM, last_call 1 s, keep-alive 1 s x 3, monitor 0.2 s) vs
 ``torchrun`` with its defaults. Events: SIGTERM to one of 2 agents (2->1, a graceful spot notice) and
-starting a third agent process (1->2; the new agent's own start-up is counted). The pause is measured by
-polling the progress channel every 50 ms. Prints JSON.
+starting a third agent process (1->2). Two numbers per event:
+
+* ``*_s`` -- event -> first progress report at the new world size (polled every 50 ms). For the gain
+  the event is the new agent's *process start*, so its own Python/torch imports are counted (on Kubernetes
+  the pod's image pull and start come on top, but training goes on meanwhile);
+* ``*_stall_s`` -- what training lost: last completed step at the old size -> first completed step at
+  the new size, as the trainer reports it in ``resizes[].pauseSeconds`` (the job status shows the same).
+
+Prints JSON.
 
     .venv/bin/python bench/resize_pause.py [--repeats N] [--arms etj,torchrun-defaults]
 """
@@ -96,19 +103,26 @@ def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | 
         cluster.agents[-1].send_signal(signal.SIGTERM)
         doc = wait_progress(url, lambda d: d.get("worldSize") == 1, 300)
         down = time.monotonic() - t0
+        down_stall = doc["resizes"][-1]["pauseSeconds"]
         step = doc["step"]
         wait_progress(url, lambda d: d.get("step", 0) >= step + 20, 120)
         # 1 -> 2: a new agent starts
         t1 = time.monotonic()
         cluster.start_agent()
         try:
-            wait_progress(url, lambda d: d.get("worldSize") == 2, gain_timeout)
+            doc = wait_progress(url, lambda d: d.get("worldSize") == 2, gain_timeout)
             up: float | str = round(time.monotonic() - t1, 2)
+            up_stall: float | str = doc["resizes"][-1]["pauseSeconds"]
         except TimeoutError:
             # Stock torchrun (shared agent store) deadlocks here: the agent that stays group rank 0 does
             # not republish MASTER_ADDR for the new round (see docs/trainer.md).
-            up = f"no step at world size 2 within {gain_timeout:.0f} s (join deadlocked)"
-        return {"loss_2to1_s": round(down, 2), "gain_1to2_s": up}
+            up = up_stall = f"no step at world size 2 within {gain_timeout:.0f} s (join deadlocked)"
+        return {
+            "loss_2to1_s": round(down, 2),
+            "loss_2to1_stall_s": down_stall,
+            "gain_1to2_s": up,
+            "gain_1to2_stall_s": up_stall,
+        }
     finally:
         cluster.stop()
         import shutil

@@ -1,7 +1,7 @@
 """A step's sample record exists before the step can commit (regression: bench/chaos.py found skipped ids).
 
 A rank killed right after the all-reduce that commits a step used to die before logging it, so the
-exactly-once check saw a committed step with a rank's samples missing. The stop flag is read exactly once
+exactly-once check saw a committed step with a rank's samples missing. The stop code is read exactly once
 per step, to build that all-reduce's input, so a flag that raises on its N-th read kills the process
 deterministically at step N's commit point.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from etj_trainer.config import TrainConfig
+from etj_trainer.regroup import StopCode
 from etj_trainer.trainer import StopFlag, train
 
 DIE_AT_STEP = 7
@@ -25,15 +26,16 @@ class Killed(Exception):
 
 
 class DiesAtTheCollective(StopFlag):
-    def __init__(self) -> None:  # no super().__init__: `requested` is a property here
+    def __init__(self) -> None:  # no super().__init__: `code` is a property here
         self.reads = 0
+        self.requested = False
 
     @property  # type: ignore[override]
-    def requested(self) -> bool:
+    def code(self) -> StopCode:
         self.reads += 1
         if self.reads == DIE_AT_STEP:
             raise Killed
-        return False
+        return StopCode.RUN
 
 
 def test_the_record_of_a_step_is_written_before_the_step_commits(

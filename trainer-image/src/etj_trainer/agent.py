@@ -2,12 +2,19 @@
 
 Equivalent to ``torchrun --nnodes=MIN:MAX --nproc-per-node=N --rdzv-backend=c10d
 --rdzv-endpoint=$ETJ_RDZV_ENDPOINT --rdzv-id=$ETJ_RDZV_ID --max-restarts=<large> --monitor-interval=0.2
---rdzv-conf is_host=false,last_call_timeout=..,keep_alive_interval=1,keep_alive_max_attempt=3`` with two
+--rdzv-conf is_host=false,last_call_timeout=..,keep_alive_interval=1,keep_alive_max_attempt=3`` with
 things torchrun cannot do from flags (which is why the agent is built here from torch's own
 ``LocalElasticAgent`` rather than by exec'ing torchrun):
 
-* workers are started from a **forkserver that has already imported torch, torchvision, DALI and the
-  trainer**, so a restart after a membership change costs a fork, not seconds of imports;
+* a **graceful leave needs no restart at all**: workers learn at a step boundary who is leaving and the
+  survivors re-form the process group in place (regroup.py). The agent tells its workers whether a SIGTERM
+  means "your pod is leaving" or "I am restarting you" through ``ETJ_AGENT_STATE_FILE``;
+* when a restart is needed (a node joins, a crash), workers are started from a **forkserver that has
+  already imported torch, torchvision, DALI and the trainer** -- a fork, not seconds of imports -- and the
+  forkserver is warmed before this node first joins, so a joiner does not stall the others with imports;
+* rendezvous polls every 0.1 s instead of torch's fixed 1 s, and ``last_call`` may be sub-second (torchrun
+  only takes whole seconds). A new round only opens once every old participant has left it, and the nodes
+  already waiting join within one poll, so a short last call does not split the world;
 * on SIGTERM, after its workers have written their just-in-time checkpoint and exited, the agent **leaves
   the rendezvous explicitly** (torch's own exit operation), so survivors re-form the world at once instead
   of waiting for this node's keep-alive to expire. torchrun deliberately does not do this on a signal: it
@@ -16,11 +23,13 @@ things torchrun cannot do from flags (which is why the agent is built here from 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -51,7 +60,8 @@ class AgentConfig:
     nproc_per_node: int = 1
     max_restarts: int = 1_000_000  # every membership change is a "restart" to torch elastic
     monitor_interval: float = 0.2
-    last_call_timeout: int = 1
+    last_call_timeout: float = 0.5
+    rdzv_poll_interval: float = 0.1  # torch polls the rendezvous state every 1 s (hard-coded)
     keep_alive_interval: int = 1
     keep_alive_max_attempt: int = 3
     join_timeout: int = 600
@@ -68,12 +78,12 @@ class AgentConfig:
             max_nodes=int(e.get("ETJ_MAX_WORKERS", "1")),
             nproc_per_node=int(e.get("ETJ_NPROC_PER_WORKER", "1")),
         )
-        for var, attr in (
-            ("ETJ_LAST_CALL_TIMEOUT", "last_call_timeout"),
-            ("ETJ_KEEP_ALIVE_INTERVAL", "keep_alive_interval"),
-        ):
-            if e.get(var):
-                setattr(cfg, attr, int(e[var]))
+        if e.get("ETJ_LAST_CALL_TIMEOUT"):
+            cfg.last_call_timeout = float(e["ETJ_LAST_CALL_TIMEOUT"])
+        if e.get("ETJ_RDZV_POLL_INTERVAL"):
+            cfg.rdzv_poll_interval = float(e["ETJ_RDZV_POLL_INTERVAL"])
+        if e.get("ETJ_KEEP_ALIVE_INTERVAL"):
+            cfg.keep_alive_interval = int(e["ETJ_KEEP_ALIVE_INTERVAL"])
         if e.get("ETJ_FAST_RESTART", "1") == "0":
             cfg.fast_restart = False
         return cfg
@@ -90,7 +100,10 @@ class AgentConfig:
         return conf
 
     def torchrun_args(self) -> list[str]:
-        """The equivalent torchrun command line (printed for users; the agent below is what runs)."""
+        """The equivalent torchrun command line (printed for users; the agent below is what runs).
+
+        torchrun takes whole seconds for ``last_call_timeout``; the agent uses the exact value.
+        """
         conf = ",".join(f"{k}={v}" for k, v in self.rdzv_configs().items())
         return [
             "torchrun",
@@ -146,6 +159,65 @@ def _leave_rendezvous(handler: Any) -> None:
         log.warning("could not leave the rendezvous explicitly: %s", e)
 
 
+def _noop() -> None:
+    pass
+
+
+def patch_rendezvous_poll(interval: float) -> bool:
+    """Make torch's rendezvous poll its state every ``interval`` s instead of its hard-coded 1 s.
+
+    torch's op executor calls ``dynamic_rendezvous._delay(seconds=1)`` between polls (a private name,
+    hence guarded; tests/trainer/test_agent_rendezvous.py fails if torch renames it). Other delays (the
+    random skew before a node's first join) are kept.
+    """
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    original = getattr(dr, "_delay", None)
+    if original is None:
+        log.warning("torch has no dynamic_rendezvous._delay: rendezvous polls stay at 1 s")
+        return False
+    original = getattr(original, "etj_original", original)
+
+    def delay(seconds: float | tuple[float, float]) -> None:
+        original(interval if seconds == 1 else seconds)
+
+    delay.etj_original = original  # type: ignore[attr-defined]
+    dr._delay = delay
+    return True
+
+
+def make_rendezvous_handler(cfg: AgentConfig) -> Any:
+    """torch's c10d DynamicRendezvousHandler, built directly so ``last_call`` can be sub-second."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        RendezvousTimeout,
+    )
+
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=cfg.endpoint,
+        run_id=cfg.run_id,
+        min_nodes=cfg.min_nodes,
+        max_nodes=cfg.max_nodes,
+        **cfg.rdzv_configs(),
+    )
+    backend, store = create_backend(params)
+    return DynamicRendezvousHandler.from_backend(
+        cfg.run_id,
+        store,
+        backend,
+        cfg.min_nodes,
+        cfg.max_nodes,
+        timeout=RendezvousTimeout(
+            join=timedelta(seconds=cfg.join_timeout), last_call=timedelta(seconds=cfg.last_call_timeout)
+        ),
+        keep_alive_interval=cfg.keep_alive_interval,
+        keep_alive_max_attempt=cfg.keep_alive_max_attempt,
+    )
+
+
 def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -158,22 +230,46 @@ def run_agent(cfg: AgentConfig) -> int:
     # new round and a joining agent waits forever for it (seen here on a 1->2 scale-up, torch 2.14).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     start_method = "spawn"
+    state_file = ""
     if cfg.fast_restart:
+        # Read by the workers' SIGTERM handler (regroup.py); set before the forkserver starts so that
+        # every worker inherits it.
+        fd, state_file = tempfile.mkstemp(prefix="etj-agent-", suffix=".state")
+        os.close(fd)
+        os.environ["ETJ_AGENT_STATE_FILE"] = state_file
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()  # pay the imports now, not at the first (re)start
+        warm = ctx.Process(target=_noop)  # returns once the forkserver has imported PRELOAD
+        warm.start()
+        warm.join()
         start_method = "forkserver"
-    params = RendezvousParameters(
-        backend="c10d",
-        endpoint=cfg.endpoint,
-        run_id=cfg.run_id,
-        min_nodes=cfg.min_nodes,
-        max_nodes=cfg.max_nodes,
-        **cfg.rdzv_configs(),
-    )
-    handler = rdzv_registry.get_rendezvous_handler(params)
+        patch_rendezvous_poll(cfg.rdzv_poll_interval)
+        handler = make_rendezvous_handler(cfg)
+    else:
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=cfg.endpoint,
+            run_id=cfg.run_id,
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.max_nodes,
+            **cfg.rdzv_configs(),
+        )
+        handler = rdzv_registry.get_rendezvous_handler(params)
+
+    class EtjAgent(LocalElasticAgent):
+        def _restart_workers(self, worker_group: Any) -> None:
+            # Our workers must stop *for a restart*, not survive in place: say so before signalling.
+            _write_state(state_file, "restarting")
+            super()._restart_workers(worker_group)
+            _write_state(state_file, "running")
+
+        def _exit_barrier(self) -> None:
+            # The barrier keeps an agent that hosts the store alive until everyone is done. Our store is
+            # external, every worker has passed the trainer's final barrier, and after an in-process
+            # leave the round's size is stale (the barrier would wait its full timeout for a departed node).
+            if not cfg.external_store:
+                super()._exit_barrier()
+
     spec = WorkerSpec(
         role="trainer",
         local_world_size=cfg.nproc_per_node,
@@ -183,7 +279,7 @@ def run_agent(cfg: AgentConfig) -> int:
         max_restarts=cfg.max_restarts,
         monitor_interval=cfg.monitor_interval,
     )
-    agent = LocalElasticAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
+    agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
     try:
         result = agent.run()
     except SignalException as e:
@@ -191,12 +287,22 @@ def run_agent(cfg: AgentConfig) -> int:
         if cfg.fast_restart:
             _leave_rendezvous(handler)
         return 128 + int(e.sigval)
+    finally:
+        if state_file:
+            with contextlib.suppress(OSError):
+                os.unlink(state_file)
     if result.is_failed():
         for rank, failure in result.failures.items():
             print(f"etj-train worker: rank {rank} failed: exit {failure.exitcode}", file=sys.stderr)
         return 1
     handler.shutdown()  # training finished: close the rendezvous so no one waits for more rounds
     return 0
+
+
+def _write_state(path: str, state: str) -> None:
+    if path:
+        with open(path, "w") as f:
+            f.write(state)
 
 
 def main(argv: list[str] | None = None) -> int:

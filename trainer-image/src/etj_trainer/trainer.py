@@ -18,6 +18,7 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from etj_trainer import regroup
 from etj_trainer.batching import ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore
 from etj_trainer.config import TrainConfig
@@ -54,14 +56,24 @@ class TrainResult:
 
 
 class StopFlag:
-    """Set by SIGTERM; acted on at the next step boundary (never mid-step)."""
+    """Set by SIGTERM; acted on at the next step boundary (never mid-step).
+
+    ``code`` says why (see regroup.py): the pod is leaving, or our agent is restarting us because a node
+    joins -- the agent writes that into ETJ_AGENT_STATE_FILE before it signals.
+    """
 
     def __init__(self) -> None:
         self.requested = False
+        self.code = regroup.StopCode.RUN
+
+    def request(self, code: regroup.StopCode = regroup.StopCode.LEAVING) -> None:
+        self.requested = True
+        self.code = code
 
     def install(self) -> None:
         def handler(signum: int, _frame: object) -> None:
-            self.requested = True
+            restarting = regroup.agent_is_restarting()
+            self.request(regroup.StopCode.RESTARTING if restarting else regroup.StopCode.LEAVING)
 
         signal.signal(signal.SIGTERM, handler)
 
@@ -146,115 +158,143 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         step, meta = int(state["step"]), dict(state["meta"])
         prev_world = int(meta["world_size"])
     restored_step = step
-    ddp: nn.Module = model
-    if dist_on:
-        ddp = nn.parallel.DistributedDataParallel(
-            model, device_ids=[local_rank] if device.type == "cuda" else None
-        )
-
-    policy = ResizePolicy(cfg.resize_policy)
-    plan = plan_step(policy, cfg.global_batch_size, cfg.micro_batch_size, world, cfg.min_workers)
-    if policy == ResizePolicy.DYNAMIC_SGD:
-        opt.set_target(plan.lr_target)  # ramps from the multiplier in force (restored) to this world's
-    reporter = ProgressReporter(cfg.progress_url if rank == 0 else "")
-    # The incarnation id lets the sample-log checker prefer the last run of a step that was redone.
-    inc = [time.time()]
-    if dist_on:
-        dist.broadcast_object_list(inc, src=0)
-    samples_log = SampleLog(cfg.sample_log_dir, rank, inc[0]) if cfg.sample_log_dir else None
+    inc = _incarnation(dist_on)
     last_reported_step = None
     if rank == 0 and prev_world is not None and cfg.progress_url:
         last_reported_step = (get_json(cfg.progress_url) or {}).get("step")
-
-    loader = train_src.batches(
-        micro_batch_stream(
-            sampler, plan.global_batch, cfg.micro_batch_size, world, rank, cfg.epochs, cfg.max_steps, step
-        )
-    )
-    stopped_early, loss_val, resize_pending = (
-        False,
-        float("nan"),
-        prev_world is not None and prev_world != world,
-    )
+    resize_pending = prev_world is not None and prev_world != world
+    stopped_early, loss_val = False, float("nan")
+    can_regroup = dist_on and regroup.enabled_from_env()
+    survivors_go_on = False  # set when this rank leaves and the others re-form the world without it
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    reporter = ProgressReporter(cfg.progress_url if rank == 0 else "")
+    policy = ResizePolicy(cfg.resize_policy)
     t_last = time.monotonic()
     rate = 0.0
-    ddp.train()
-    while sampler.epoch < cfg.epochs and (cfg.max_steps <= 0 or step < cfg.max_steps):
-        gidx = sampler.next_global_batch(plan.global_batch)
-        mine = ElasticSampler.rank_slice(gidx, world, rank)
-        sizes = micro_batch_sizes(len(mine), cfg.micro_batch_size)
-        scale = world / len(gidx)
-        opt.zero_grad(set_to_none=False)
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        # A rank with no samples this step (tail of an epoch) still joins DDP's one all-reduce with an
-        # empty batch, contributing zero gradient.
-        chunks = sizes or [0]
-        for i, n in enumerate(chunks):
-            if n == 0:
-                x = torch.empty((0, *train_src.sample_shape), dtype=dtype)
-                y = torch.empty((0,), dtype=torch.int64)
-            else:
-                x, y = next(loader)
-                assert len(y) == n, "loader out of step with the sampler"
-            sync = contextlib.nullcontext() if (i == len(chunks) - 1 or not dist_on) else ddp.no_sync()  # type: ignore[operator]
-            with sync:
-                loss = F.cross_entropy(ddp(x.to(device)), y.to(device), reduction="sum")
-                (loss * scale).backward()
-            loss_sum += loss.detach().double().cpu()
-        opt.step()
-        if cfg.min_step_seconds > 0:
-            time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - t_last)))
-        if samples_log:
-            # Logged before the all-reduce that commits the step: a rank killed right after that
-            # collective used to leave a committed step without its record (found by bench/chaos.py). A
-            # record of a step that never commits is harmless: the redo logs it again under a newer
-            # incarnation, and the checker keeps the newest.
-            samples_log.write(sampler.epoch, step + 1, world, mine)
-        stats = torch.stack([loss_sum, torch.tensor(float(stop.requested), dtype=torch.float64)])
+    while True:  # one pass per membership of the world; a graceful leave starts the next pass in-process
+        ddp: nn.Module = model
         if dist_on:
-            dist.all_reduce(stats)
-        sampler.commit(len(gidx))
-        step += 1
-        meta["samples_seen"] = int(meta["samples_seen"]) + len(gidx)
-        loss_val = float(stats[0]) / len(gidx)
-        now = time.monotonic()
-        rate = (
-            0.8 * rate + 0.2 * (len(gidx) / max(now - t_last, 1e-9))
-            if rate
-            else len(gidx) / max(now - t_last, 1e-9)
+            ddp = nn.parallel.DistributedDataParallel(
+                model, device_ids=[local_rank] if device.type == "cuda" else None
+            )
+        plan = plan_step(policy, cfg.global_batch_size, cfg.micro_batch_size, world, cfg.min_workers)
+        if policy == ResizePolicy.DYNAMIC_SGD:
+            opt.set_target(plan.lr_target)  # ramps from the multiplier in force (restored) to this world's
+        samples_log = SampleLog(cfg.sample_log_dir, rank, inc) if cfg.sample_log_dir else None
+        loader = train_src.batches(
+            micro_batch_stream(
+                sampler, plan.global_batch, cfg.micro_batch_size, world, rank, cfg.epochs, cfg.max_steps, step
+            )
         )
-        t_last = now
-        if resize_pending:
-            resize_pending = False
-            lost = (
-                max(0, int(last_reported_step) - restored_step) if isinstance(last_reported_step, int) else 0
+        regroup_to: regroup.Regroup | None = None
+        ddp.train()
+        while sampler.epoch < cfg.epochs and (cfg.max_steps <= 0 or step < cfg.max_steps):
+            gidx = sampler.next_global_batch(plan.global_batch)
+            mine = ElasticSampler.rank_slice(gidx, world, rank)
+            sizes = micro_batch_sizes(len(mine), cfg.micro_batch_size)
+            scale = world / len(gidx)
+            opt.zero_grad(set_to_none=False)
+            loss_sum = torch.zeros((), dtype=torch.float64)
+            # A rank with no samples this step (tail of an epoch) still joins DDP's one all-reduce with an
+            # empty batch, contributing zero gradient.
+            chunks = sizes or [0]
+            for i, n in enumerate(chunks):
+                if n == 0:
+                    x = torch.empty((0, *train_src.sample_shape), dtype=dtype)
+                    y = torch.empty((0,), dtype=torch.int64)
+                else:
+                    x, y = next(loader)
+                    assert len(y) == n, "loader out of step with the sampler"
+                sync = contextlib.nullcontext() if (i == len(chunks) - 1 or not dist_on) else ddp.no_sync()  # type: ignore[operator]
+                with sync:
+                    loss = F.cross_entropy(ddp(x.to(device)), y.to(device), reduction="sum")
+                    (loss * scale).backward()
+                loss_sum += loss.detach().double().cpu()
+            opt.step()
+            if cfg.min_step_seconds > 0:
+                time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - t_last)))
+            if samples_log:
+                # Logged before the all-reduce that commits the step: a rank killed right after that
+                # collective used to leave a committed step without its record (found by bench/chaos.py). A
+                # record of a step that never commits is harmless: the redo logs it again under a newer
+                # incarnation, and the checker keeps the newest.
+                samples_log.write(sampler.epoch, step + 1, world, mine)
+            # The loss and one stop-code slot per rank: after this all-reduce every rank knows who stops.
+            stats = torch.zeros(1 + world, dtype=torch.float64)
+            stats[0] = loss_sum
+            stats[1 + rank] = float(stop.code)
+            if dist_on:
+                dist.all_reduce(stats)
+            sampler.commit(len(gidx))
+            step += 1
+            meta["samples_seen"] = int(meta["samples_seen"]) + len(gidx)
+            loss_val = float(stats[0]) / len(gidx)
+            now = time.monotonic()
+            rate = (
+                0.8 * rate + 0.2 * (len(gidx) / max(now - t_last, 1e-9))
+                if rate
+                else len(gidx) / max(now - t_last, 1e-9)
             )
-            meta["resizes"] = [
-                *meta["resizes"],
-                {
-                    "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "from": prev_world,
-                    "to": world,
-                    "reason": "scale-up" if world > (prev_world or 0) else "scale-down",
-                    "pauseSeconds": round(time.time() - float(meta.get("last_step_time", time.time())), 3),
-                    "stepsLost": lost,
-                },
-            ]
-            print(f"etj: resize {prev_world}->{world} done at step {step}", flush=True)
-        meta["last_step_time"] = time.time()
-        stop_now = bool(stats[1] > 0)
-        shared_due = cfg.checkpoint_interval_steps > 0 and step % cfg.checkpoint_interval_steps == 0
-        _save(ckpts, model, opt, sampler, step, meta, world, rank, local_rank, shared=shared_due or stop_now)
-        if shared_due or stop_now:
-            meta["last_checkpoint"] = {"step": step, "path": str(cfg.checkpoint_dir), "time": time.time()}
-        if rank == 0:
-            reporter.report(
-                _progress(sampler, step, meta, rate, loss_val, world, plan, opt),
-                force=stop_now or (len(meta["resizes"]) > 0 and step == restored_step + 1),
-            )
-        if stop_now:
-            stopped_early = True
+            t_last = now
+            if resize_pending:
+                resize_pending = False
+                lost = (
+                    max(0, int(last_reported_step) - restored_step)
+                    if isinstance(last_reported_step, int)
+                    else 0
+                )
+                meta["resizes"] = [
+                    *meta["resizes"],
+                    {
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "from": prev_world,
+                        "to": world,
+                        "reason": "scale-up" if world > (prev_world or 0) else "scale-down",
+                        "pauseSeconds": round(
+                            time.time() - float(meta.get("last_step_time", time.time())), 3
+                        ),
+                        "stepsLost": lost,
+                    },
+                ]
+                print(f"etj: resize {prev_world}->{world} done at step {step}", flush=True)
+            meta["last_step_time"] = time.time()
+            codes = [int(c) for c in stats[1:].round().tolist()]
+            stop_now = any(codes)
+            if stop_now:
+                decision = regroup.decide(codes, cfg.min_workers * local_world, can_regroup)
+                survivors_go_on = decision.in_process
+                if decision.in_process and rank in decision.survivors:
+                    regroup_to = decision
+            shared_due = cfg.checkpoint_interval_steps > 0 and step % cfg.checkpoint_interval_steps == 0
+            # Just-in-time shared copy when this rank stops; survivors of an in-process resize keep their
+            # state in memory (and the every-step local copy), so they skip it and go on at once.
+            jit = stop_now and regroup_to is None
+            _save(ckpts, model, opt, sampler, step, meta, world, rank, local_rank, shared=shared_due or jit)
+            if shared_due or jit:
+                meta["last_checkpoint"] = {"step": step, "path": str(cfg.checkpoint_dir), "time": time.time()}
+            if rank == 0:
+                reporter.report(
+                    _progress(sampler, step, meta, rate, loss_val, world, plan, opt),
+                    force=stop_now or (len(meta["resizes"]) > 0 and step == restored_step + 1),
+                )
+            if stop_now:
+                stopped_early = regroup_to is None
+                break
+        _close(loader)
+        if regroup_to is None:
             break
+        # Survivors of a graceful leave: a new process group among themselves, same state, next step.
+        backend = str(dist.get_backend())
+        timeout = timedelta(seconds=int(os.environ.get("ETJ_COLLECTIVE_TIMEOUT_S", "120")))
+        del ddp  # its reducer hooks go with it; the next pass wraps the model again
+        new_world = len(regroup_to.survivors)
+        regroup.reform(f"{inc:.6f}/{step}", regroup_to.new_rank(rank), new_world, backend, timeout)
+        prev_world, world, rank = world, dist.get_world_size(), dist.get_rank()
+        print(f"etj: resizing {prev_world}->{world} in process at step {step}", flush=True)
+        resize_pending, restored_step, last_reported_step = True, step, None
+        inc = _incarnation(True)
+        if rank == 0 and not reporter.url:
+            reporter = ProgressReporter(cfg.progress_url)
 
     done = not stopped_early
     accuracy = None
@@ -274,10 +314,9 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
                 flush=True,
             )
     reporter.close()
-    del loader
     train_src.close()
-    if dist_on:
-        dist.barrier()
+    if dist_on and not survivors_go_on:
+        dist.barrier()  # the survivors of an in-process resize have left this group already
     return TrainResult(
         step=step,
         epoch=sampler.epoch,
@@ -287,6 +326,20 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         world_size=world,
         params={k: v.detach().clone() for k, v in model.state_dict().items()},
     )
+
+
+def _incarnation(dist_on: bool) -> float:
+    """A world-wide id of this membership (rank 0's clock): tags sample-log lines and regroup keys."""
+    inc = [time.time()]
+    if dist_on:
+        dist.broadcast_object_list(inc, src=0)
+    return float(inc[0])
+
+
+def _close(loader: Iterator[Any]) -> None:
+    close = getattr(loader, "close", None)
+    if close is not None:
+        close()  # a generator: runs its finally (DALI pipelines are released)
 
 
 def _save(

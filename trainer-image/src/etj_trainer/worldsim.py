@@ -1,7 +1,9 @@
 """Run the real trainer in N local processes (gloo over loopback) without an elastic agent.
 
-Used by the equivalence test and benchmarks to run "segments" at different world sizes that hand over
-through checkpoints, exactly like a resize does, but deterministically and without rendezvous timing.
+Used by the equivalence tests and benchmarks to run "segments" at different world sizes that hand over
+through checkpoints, exactly like a restart-based resize does, but deterministically and without
+rendezvous timing. ``leave_at`` makes ranks leave gracefully at a given step instead (the in-process
+resize of regroup.py): the survivors re-form the world on a TCPStore this function hosts.
 """
 
 from __future__ import annotations
@@ -15,25 +17,72 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from etj_trainer.config import TrainConfig
+from etj_trainer.regroup import StopCode
+from etj_trainer.trainer import StopFlag
 
 
-def _rank_main(rank: int, world: int, init_file: str, cfg: TrainConfig, out_dir: str) -> None:
+class LeaveAtStep(StopFlag):
+    """Behaves as if SIGTERM (pod leaving) arrived during step ``step`` (the code is read once a step)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self._leave_step = step
+        self._reads = 0
+
+    @property
+    def code(self) -> StopCode:
+        self._reads += 1
+        if self._reads >= self._leave_step:
+            self.requested = True
+            return StopCode.LEAVING
+        return StopCode.RUN
+
+    @code.setter
+    def code(self, value: StopCode) -> None:  # StopFlag.__init__ assigns it
+        pass
+
+
+def _rank_main(
+    rank: int,
+    world: int,
+    init_file: str,
+    cfg: TrainConfig,
+    out_dir: str,
+    leave_at: dict[int, int],
+    store: str,
+) -> None:
     from etj_trainer.trainer import train
 
     os.environ["LOCAL_RANK"] = str(rank)
+    if store:
+        os.environ["ETJ_RDZV_ENDPOINT"] = store
+        os.environ["ETJ_AGENT_STATE_FILE"] = str(Path(out_dir, "agent.state"))  # never "restarting"
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        result = train(cfg)
-        Path(out_dir, f"rank{rank}.done").write_text(f"{result.step} {result.loss}\n")
+        stop = LeaveAtStep(leave_at[rank]) if rank in leave_at else None
+        result = train(cfg, stop)
+        Path(out_dir, f"rank{rank}.done").write_text(f"{result.step} {result.loss} {result.world_size}\n")
     finally:
         dist.destroy_process_group()
 
 
-def run_world(cfg: TrainConfig, world_size: int) -> None:
-    """Train with ``world_size`` ranks until ``cfg.max_steps``/``cfg.epochs``; raises if any rank fails."""
+def run_world(cfg: TrainConfig, world_size: int, leave_at: dict[int, int] | None = None) -> list[str]:
+    """Train with ``world_size`` ranks until ``cfg.max_steps``/``cfg.epochs``; raises if any rank fails.
+
+    Returns each rank's "step loss final-world-size" line.
+    """
+    leave_at = leave_at or {}
     with tempfile.TemporaryDirectory() as tmp:
         init_file = str(Path(tmp) / "init")
-        mp.spawn(_rank_main, args=(world_size, init_file, replace(cfg), tmp), nprocs=world_size, join=True)
+        host = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) if leave_at else None
+        endpoint = f"127.0.0.1:{host.port}" if host is not None else ""
+        mp.spawn(
+            _rank_main,
+            args=(world_size, init_file, replace(cfg), tmp, leave_at, endpoint),
+            nprocs=world_size,
+            join=True,
+        )
         missing = [r for r in range(world_size) if not Path(tmp, f"rank{r}.done").exists()]
         if missing:
             raise RuntimeError(f"ranks {missing} did not finish")
+        return [Path(tmp, f"rank{r}.done").read_text().strip() for r in range(world_size)]

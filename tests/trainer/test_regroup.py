@@ -1,0 +1,106 @@
+"""In-process resize (regroup.py): the decision table, the SIGTERM stop codes, and the real thing.
+
+The last test runs the real trainer in 3 gloo ranks; rank 2 leaves gracefully at step 30 and the other
+two re-form the world in place (no restart, no checkpoint restore) and train on to step 110. With the
+fixed global batch that run must end with the same parameters as a fixed 2-worker run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from etj_trainer.checkpoint import load_latest
+from etj_trainer.config import TrainConfig
+from etj_trainer.regroup import Regroup, StopCode, decide
+from etj_trainer.trainer import StopFlag
+from etj_trainer.worldsim import run_world
+
+R, L, X = StopCode.RUN, StopCode.LEAVING, StopCode.RESTARTING
+
+DECISIONS = {
+    "one of two leaves: the other goes on alone": ([R, L], 1, True, Regroup((0,), True, "graceful leave")),
+    "rank 0 leaves: rank 1 becomes rank 0": ([L, R, R], 1, True, Regroup((1, 2), True, "graceful leave")),
+    "a whole 2-GPU node leaves": ([R, R, L, L], 2, True, Regroup((0, 1), True, "graceful leave")),
+    "a joiner is coming: everyone restarts": (
+        [X, L, R],
+        1,
+        True,
+        Regroup((2,), False, "an agent is restarting its workers (a node is joining)"),
+    ),
+    "everyone leaves": ([L, L], 1, True, Regroup((), False, "every rank is leaving")),
+    "below the minimum: torch elastic waits for capacity": (
+        [R, L, L],
+        2,
+        True,
+        Regroup((0,), False, "1 surviving ranks < minimum 2"),
+    ),
+    "no etj agent / external store": (
+        [R, L],
+        1,
+        False,
+        Regroup((0,), False, "in-process resize disabled (no etj agent or external store)"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DECISIONS), ids=list(DECISIONS))
+def test_decide(case: str) -> None:
+    codes, min_ranks, enabled, expected = DECISIONS[case]
+    assert decide([int(c) for c in codes], min_ranks, enabled) == expected
+
+
+def test_new_ranks_keep_the_survivors_order() -> None:
+    d = decide([L, R, L, R], 1, True)
+    assert [d.new_rank(r) for r in d.survivors] == [0, 1] and d.survivors == (1, 3)
+
+
+@pytest.mark.parametrize(("state", "code"), [("running", L), ("restarting", X), (None, L)])
+def test_sigterm_code_follows_the_agent_state_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str | None, code: StopCode
+) -> None:
+    path = tmp_path / "agent.state"
+    if state is not None:
+        path.write_text(state)
+    monkeypatch.setenv("ETJ_AGENT_STATE_FILE", str(path))
+    old = signal.getsignal(signal.SIGTERM)
+    try:
+        flag = StopFlag()
+        flag.install()
+        assert flag.code == R and not flag.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert flag.requested and flag.code == code
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def test_graceful_leave_regroups_in_process_and_matches_a_fixed_run(
+    tiny_cfg: TrainConfig, tmp_path: Path
+) -> None:
+    total = 110
+    fixed = replace(tiny_cfg, max_steps=total, checkpoint_dir=tmp_path / "fixed", local_checkpoint_dir=None)
+    run_world(fixed, 2)
+
+    elastic = replace(
+        tiny_cfg, max_steps=total, checkpoint_dir=tmp_path / "elastic", local_checkpoint_dir=tmp_path / "shm"
+    )
+    done = run_world(elastic, 3, leave_at={2: 30})
+    # the leaver stopped at step 30; the two survivors finished the run themselves, as a world of 2
+    assert [line.split()[0] for line in done] == [str(total), str(total), "30"]
+    assert [line.split()[2] for line in done[:2]] == ["2", "2"]
+
+    loaded = load_latest(tmp_path / "elastic")
+    assert loaded is not None and loaded.step == total
+    (resize,) = loaded.state["meta"]["resizes"]
+    assert (resize["from"], resize["to"], resize["stepsLost"]) == (3, 2, 0)
+    a = dict(load_latest(tmp_path / "fixed").state["model"])  # type: ignore[union-attr]
+    b = dict(loaded.state["model"])
+    num = max(float((a[k] - b[k]).abs().max()) for k in a)
+    den = max(float(a[k].abs().max()) for k in a)
+    assert num / den <= 1e-4, f"max relative difference {num / den:.3e}"
+    assert max(float(v.abs().max()) for v in b.values()) > 0 and torch.isfinite(next(iter(b.values()))).all()

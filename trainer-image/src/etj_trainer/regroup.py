@@ -1,0 +1,87 @@
+"""In-process resize: when ranks leave gracefully, the survivors re-form the world without restarting.
+
+A spot notice or a node drain reaches a worker as SIGTERM from its agent. Every rank puts a *stop code*
+into the step's closing all-reduce (one slot per rank), so at the same step boundary every rank knows
+exactly who is leaving and why. When all the stopping ranks are *leaving* (their pod is going away), the
+survivors do not need torch elastic to kill and restart them: they destroy the process group, build a new
+one among themselves on the job's external store (``ETJ_RDZV_ENDPOINT``, which outlives any worker) and go
+on from the state already in memory. That removes the process restart, the rendezvous round, the
+checkpoint restore and the peer broadcast from the pause (bench/resize_pause.py).
+
+The restart path stays for everything else: a rank whose *agent* is restarting it (a node is joining, so
+every agent re-rendezvouses), a crash (the collective fails instead), or survivors below the job's minimum
+(torch elastic's rendezvous is what waits for capacity). Pure decision logic here; ``reform`` is the I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import IntEnum
+
+import torch.distributed as dist
+
+
+class StopCode(IntEnum):
+    RUN = 0
+    LEAVING = 1  # this rank's pod is going away (the agent got SIGTERM)
+    RESTARTING = 2  # this rank's agent restarts its workers (membership grows): everyone restarts
+
+
+@dataclass(frozen=True)
+class Regroup:
+    survivors: tuple[int, ...]  # old ranks that go on, in order; new rank = position in this tuple
+    in_process: bool  # False: every rank stops and torch elastic restarts the world
+    reason: str
+
+    def new_rank(self, old_rank: int) -> int:
+        return self.survivors.index(old_rank)
+
+
+def decide(codes: list[int], min_ranks: int, enabled: bool) -> Regroup:
+    """What the world does after a step in which some ranks asked to stop (``codes[r]`` per old rank)."""
+    survivors = tuple(r for r, c in enumerate(codes) if c == StopCode.RUN)
+    if not enabled:
+        return Regroup(survivors, False, "in-process resize disabled (no etj agent or external store)")
+    if any(c == StopCode.RESTARTING for c in codes):
+        return Regroup(survivors, False, "an agent is restarting its workers (a node is joining)")
+    if not survivors:
+        return Regroup(survivors, False, "every rank is leaving")
+    if len(survivors) < min_ranks:
+        return Regroup(survivors, False, f"{len(survivors)} surviving ranks < minimum {min_ranks}")
+    return Regroup(survivors, True, "graceful leave")
+
+
+def enabled_from_env() -> bool:
+    """Only under ``etj-train worker`` (which sets ETJ_AGENT_STATE_FILE) with an external store."""
+    return bool(os.environ.get("ETJ_AGENT_STATE_FILE")) and bool(os.environ.get("ETJ_RDZV_ENDPOINT"))
+
+
+def agent_is_restarting() -> bool:
+    """Read by the SIGTERM handler: did our agent write "restarting" before signalling us?"""
+    path = os.environ.get("ETJ_AGENT_STATE_FILE")
+    if not path:
+        return False
+    try:
+        with open(path) as f:
+            return f.read().strip() == "restarting"
+    except OSError:
+        return False
+
+
+def reform(key: str, new_rank: int, new_world: int, backend: str, timeout: timedelta) -> None:
+    """Replace the default process group with one of ``new_world`` ranks, met on the external store.
+
+    ``key`` must be the same on every survivor and never reused by this job (old-incarnation id + step).
+    """
+    host, _, port = os.environ["ETJ_RDZV_ENDPOINT"].rpartition(":")
+    dist.destroy_process_group()
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    dist.init_process_group(
+        backend,
+        store=dist.PrefixStore(f"etj-regroup/{key}", store),
+        rank=new_rank,
+        world_size=new_world,
+        timeout=timeout,
+    )
