@@ -159,3 +159,73 @@ def test_kind_job_runs_the_e2e_suite_against_the_kind_kubeconfig() -> None:
     )
     cleanup = steps(E2E, "kind")[-1]
     assert cleanup["if"] == "always()" and "kind delete cluster" in cleanup["run"]
+
+
+# ---- the kind e2e job and the suite's installed mode agree ------------------------------------------
+
+
+def _e2e_env() -> dict[str, str]:
+    """The e2e step's environment as the runner sets it (expressions replaced by what they name)."""
+    env = load(E2E)["env"]
+    out = {}
+    for key, value in step(E2E, "kind", "e2e suite against")["env"].items():
+        value = value.replace("${{ runner.temp }}", "/home/runner/work/_temp")
+        out[key] = re.sub(r"\$\{\{ env\.(\w+) \}\}", lambda m: env[m.group(1)], value)
+    return out
+
+
+def _kind_workers() -> list[dict[str, Any]]:
+    config = yaml.safe_load(heredoc(step(E2E, "kind", "Create the kind cluster")["run"], "KIND"))
+    return [n for n in config["nodes"] if n["role"] == "worker"]
+
+
+def test_kind_job_runs_the_suite_in_installed_mode_with_the_loaded_image() -> None:
+    from tests.e2e.e2econfig import E2EConfig
+
+    env = _e2e_env()
+    workflow_env = load(E2E)["env"]
+    config = E2EConfig.from_env(env)  # the suite's own parser: a typo or a missing variable fails here
+    assert config.installed, "the suite would start its own operator and process nodes on the runner"
+    assert config.kubeconfig == Path("/home/runner/work/_temp/kubeconfig")
+    assert config.trainer_image == workflow_env["TRAINER_IMAGE"]  # the image built and loaded into kind
+    assert config.pull_policy == "Never"  # loaded, never pulled
+    assert config.shared_dir == Path(workflow_env["E2E_SHARED_DIR"]) and config.reads_sample_logs
+    # Every ETJ_E2E_* variable the step sets is one the suite reads.
+    suite = (REPO / "tests" / "e2e" / "e2econfig.py").read_text()
+    for name in env:
+        assert f'"{name}"' in suite, f"{name} is set by the workflow but never read by tests/e2e"
+
+
+def test_kind_workers_share_the_e2e_directory_at_the_same_path() -> None:
+    shared = load(E2E)["env"]["E2E_SHARED_DIR"]
+    for worker in _kind_workers():
+        assert {"hostPath": shared, "containerPath": shared} in worker.get("extraMounts", []), worker
+    create = step(E2E, "kind", "Create the kind cluster")["run"]
+    # It exists, writable by the trainer's uid, before kind bind-mounts it.
+    prepare = 'mkdir -p "$E2E_SHARED_DIR" && chmod 1777 "$E2E_SHARED_DIR"'
+    assert prepare in create and create.index(prepare) < create.index("kind create cluster")
+
+
+def test_kind_workers_are_a_spot_and_an_on_demand_pool_with_gpus_for_the_e2e_jobs() -> None:
+    """What the operator's planner sees on the kind cluster: its own node-pool rules on the workflow's labels,
+    and the nvidia.com/gpu the workflow patches in, against what the e2e jobs ask for."""
+    from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec
+    from etj_operator.nodepools import DEFAULT_RULES, pool_name
+
+    workers = _kind_workers()
+    types = sorted(DEFAULT_RULES.capacity_type(w["labels"]) for w in workers)
+    assert types == [CapacityType.ON_DEMAND, CapacityType.SPOT]
+    pools = {pool_name(w["labels"], DEFAULT_RULES.capacity_type(w["labels"])) for w in workers}
+    assert len(pools) == 2
+    patch = step(E2E, "kind", "Advertise nvidia.com/gpu")["run"]
+    match = re.search(r'"path":"/status/capacity/nvidia\.com~1gpu","value":"(\d+)"', patch)
+    assert match, patch
+    gpus_per_node = int(match.group(1))
+    job = ElasticTrainingJobSpec.model_validate(
+        yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())["spec"]
+    )
+    per_worker = job.trainer.resources.gpu
+    # The e2e's fixed-size reference run keeps replicas.max workers at once; the elastic run interrupts the
+    # spot worker and must keep at least one worker on the on-demand one.
+    assert len(workers) * (gpus_per_node // per_worker) >= job.replicas.max
+    assert gpus_per_node // per_worker >= job.replicas.min
