@@ -3,6 +3,9 @@
 # Build from the repository root:  docker build -t ghcr.io/etj-dev/etj-operator:0.1.0 .
 # Python packages come from pyproject.toml's pins (kopf, kubernetes, pydantic); the trainer's extras
 # (torch, DALI) are not installed here.
+# The base is pinned by tag, not by digest: no container registry was reachable where this file was written,
+# so no digest could be looked up or verified, and none is made up. To pin one, resolve it and pass it:
+#   --build-arg PYTHON_IMAGE=python:3.12.8-slim-bookworm@sha256:<digest>   (docs/install-eks.md, "Images")
 ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build

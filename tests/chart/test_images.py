@@ -150,11 +150,17 @@ def test_cuda_base_matches_the_torch_wheels_cuda() -> None:
     assert args_of(TRAINER_CPU)["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
 
 
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
 def test_base_images_are_pinned_releases_and_python_meets_requires_python() -> None:
     requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
     minimum = tuple(int(x) for x in requires.removeprefix(">=").split("."))
     for dockerfile in DOCKERFILES:
         for base in resolved_froms(dockerfile):
+            base = DIGEST.sub(
+                "", base
+            )  # a verified digest may follow the tag (docs/install-eks.md, "Images")
             assert not base.endswith(":latest") and ":" in base, f"{dockerfile.name}: {base} is not pinned"
             python = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-\w+", base)
             if python:
@@ -215,3 +221,57 @@ def test_build_context_is_an_allow_list_covering_every_copy() -> None:
                     f"{dockerfile.name} copies {source}, not in .dockerignore"
                 )
                 assert (REPO / source).exists(), f"{dockerfile.name} copies missing {source}"
+
+
+# ---- digests: what can be checked without a registry ---------------------------------------------
+
+
+def test_every_base_comes_in_through_a_build_arg_so_a_digest_can_be_passed() -> None:
+    for dockerfile in DOCKERFILES:
+        args = args_of(dockerfile)
+        stages: set[str] = set()
+        for ins in parse(dockerfile):
+            if ins.keyword != "FROM":
+                continue
+            image, _, stage = ins.value.partition(" AS ")
+            image = image.split()[0]
+            if stage:
+                stages.add(stage.strip())
+            if image in stages:
+                continue  # a previous stage of this file
+            match = re.fullmatch(r"\$\{(\w+)\}", image)
+            assert match and match.group(1) in args, f"{dockerfile.name}: FROM {image} is not a build arg"
+
+
+def test_no_digest_is_written_down_unless_it_is_a_whole_one() -> None:
+    """No registry is reachable here, so digests cannot be verified and none is recorded; one added later
+    must at least be a complete sha256 behind the tag it pins (never a bare or shortened digest)."""
+    for dockerfile in DOCKERFILES:
+        for ins in parse(dockerfile):
+            for ref in re.findall(r"\S+@\S+", ins.value):
+                assert re.fullmatch(r"[^@\s]+:[^@\s/]+@sha256:[0-9a-f]{64}", ref), f"{dockerfile.name}: {ref}"
+
+
+def test_install_doc_names_each_base_and_says_digests_are_not_pinned() -> None:
+    doc = (REPO / "docs" / "install-eks.md").read_text()
+    section = doc.split("## 6. Images", 1)[1].split("\n## ", 1)[0]
+    assert "by tag, not by digest" in section and "no digest could be looked up" in section
+    for dockerfile in DOCKERFILES:
+        for name, default in args_of(dockerfile).items():
+            if name.endswith("_IMAGE"):
+                # The table shows exactly the build arg and base the Dockerfile uses.
+                assert f"`{name}={DIGEST.sub('', default)}`" in section, (dockerfile.name, name)
+        rel = dockerfile.relative_to(REPO).as_posix()
+        assert f"`{rel}`" in section, rel
+    assert "--build-arg PYTHON_IMAGE=" in section and "@sha256:<digest>" in section
+
+
+def test_versions_the_chart_and_images_default_to_are_the_project_version() -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((REPO / "charts" / "etj" / "Chart.yaml").read_text())
+    assert chart["appVersion"] == version  # the operator image tag defaults to appVersion
+    values = yaml.safe_load((REPO / "charts" / "etj" / "values.yaml").read_text())
+    assert values["trainer"]["image"] == f"ghcr.io/etj-dev/etj-trainer:{version}"
+    # The operator image installs the project itself (pyproject's pins), never hand-written versions.
+    runs = " ".join(i.value for i in parse(OPERATOR) if i.keyword == "RUN")
+    assert "pip install" in runs and "==" not in runs
