@@ -9,6 +9,8 @@ starting a third agent process (1->2). Two numbers per event:
 * ``*_s`` -- event -> first progress report at the new world size (polled every 50 ms). For the gain
   the event is the new agent's *process start*, so its own Python/torch imports are counted (on Kubernetes
   the pod's image pull and start come on top, but training goes on meanwhile);
+* ``gain_1to2_from_join_s`` -- from the moment the new agent, its imports done, starts to join the
+  rendezvous (etj agents print it; stock torchrun does not, hence n/a there);
 * ``*_stall_s`` -- what training lost: last completed step at the old size -> first completed step at
   the new size, as the trainer reports it in ``resizes[].pauseSeconds`` (the job status shows the same).
 
@@ -79,6 +81,14 @@ def wait_progress(url: str, pred, timeout: float) -> dict:  # type: ignore[no-un
     raise TimeoutError(f"progress condition not met within {timeout}s")
 
 
+def _joined_at(log: Path) -> float | None:
+    """Wall-clock time at which an etj agent started to join the rendezvous (it prints it)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("etj-train worker: joining the rendezvous at "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | str]:
     run_id = f"bench-{arm}-{os.getpid()}-{time.time_ns()}"
     log_dir = log_root / arm / run_id
@@ -113,14 +123,17 @@ def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | 
             doc = wait_progress(url, lambda d: d.get("worldSize") == 2, gain_timeout)
             up: float | str = round(time.monotonic() - t1, 2)
             up_stall: float | str = doc["resizes"][-1]["pauseSeconds"]
+            joined = _joined_at(log_dir / f"worker-{len(cluster.agents) - 1}.log")
+            up_join: float | str = round(time.time() - joined, 2) if joined else "n/a (no join line)"
         except TimeoutError:
             # Stock torchrun (shared agent store) deadlocks here: the agent that stays group rank 0 does
             # not republish MASTER_ADDR for the new round (see docs/trainer.md).
-            up = up_stall = f"no step at world size 2 within {gain_timeout:.0f} s (join deadlocked)"
+            up = up_stall = up_join = f"no step at world size 2 within {gain_timeout:.0f} s (join deadlocked)"
         return {
             "loss_2to1_s": round(down, 2),
             "loss_2to1_stall_s": down_stall,
             "gain_1to2_s": up,
+            "gain_1to2_from_join_s": up_join,
             "gain_1to2_stall_s": up_stall,
         }
     finally:

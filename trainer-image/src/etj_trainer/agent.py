@@ -280,6 +280,8 @@ def run_agent(cfg: AgentConfig) -> int:
         monitor_interval=cfg.monitor_interval,
     )
     agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
+    # Wall-clock time: bench/resize_pause.py measures a joiner's pause from this line.
+    print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:
         result = agent.run()
     except SignalException as e:

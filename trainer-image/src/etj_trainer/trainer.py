@@ -121,6 +121,7 @@ def evaluate(model: nn.Module, source: BatchSource, micro: int, device: torch.de
 
 def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     """Run (or resume) training in the current process group; see the module docstring."""
+    t_start = time.monotonic()
     dist_on = dist.is_available() and dist.is_initialized()
     rank = dist.get_rank() if dist_on else 0
     world = dist.get_world_size() if dist_on else 1
@@ -133,6 +134,7 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before any restore
 
     train_src = open_source(cfg.data, "train", cfg.image_size, dtype, cfg.dali_threads)
+    t_data = time.monotonic()
     model = build_model(cfg.model, cfg.num_classes).to(device=device, dtype=dtype)
     if cfg.sync_batchnorm and dist_on:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -146,7 +148,8 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     sampler = ElasticSampler(train_src.num_samples, cfg.seed)
     ckpts = CheckpointStore(cfg.checkpoint_dir, cfg.local_checkpoint_dir)
 
-    state, _src = agree_on_checkpoint(ckpts, rank, world)
+    t_restore = time.monotonic()
+    state, src = agree_on_checkpoint(ckpts, rank, world)
     step = 0
     meta: dict[str, Any] = {"resizes": [], "samples_seen": 0}
     prev_world: int | None = None
@@ -158,6 +161,14 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         step, meta = int(state["step"]), dict(state["meta"])
         prev_world = int(meta["world_size"])
     restored_step = step
+    if rank == 0:
+        # Where a (re)start spends its time: part of every restart-based resize pause.
+        print(
+            f"etj: rank 0 of {world} ready at step {step} in {time.monotonic() - t_start:.2f} s "
+            f"(data {t_data - t_start:.2f} s, restore {time.monotonic() - t_restore:.2f} s"
+            + (f" from rank {src})" if state is not None else ", nothing to restore)"),
+            flush=True,
+        )
     inc = _incarnation(dist_on)
     last_reported_step = None
     if rank == 0 and prev_world is not None and cfg.progress_url:
