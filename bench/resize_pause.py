@@ -81,6 +81,13 @@ def wait_progress(url: str, pred, timeout: float) -> dict:  # type: ignore[no-un
     raise TimeoutError(f"progress condition not met within {timeout}s")
 
 
+def arm_env(arm: str) -> dict[str, str]:
+    """Launcher settings of an arm beyond TRAIN_ENV. ``-noshare``: torchrun defaults, except that the agent
+    does not share its rendezvous TCPStore with the workers (the setting etj uses; without it stock
+    torchrun's 1->2 join deadlocks)."""
+    return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if arm.endswith("-noshare") else {}
+
+
 def _joined_at(log: Path) -> float | None:
     """Wall-clock time at which an etj agent started to join the rendezvous (it prints it)."""
     for line in log.read_text(errors="replace").splitlines():
@@ -96,6 +103,7 @@ def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | 
     env = {
         **os.environ,
         **TRAIN_ENV,
+        **arm_env(arm),
         "ETJ_RDZV_ID": run_id,
         "ETJ_JOB_NAME": "bench",
         "ETJ_CHECKPOINT_DIR": str(log_dir / "ckpt"),
