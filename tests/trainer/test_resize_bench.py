@@ -14,7 +14,7 @@ def test_noshare_arm_disables_the_shared_agent_store_and_others_do_not() -> None
 
 def test_join_time_is_read_from_the_agent_log(tmp_path: Path) -> None:
     log = tmp_path / "worker-2.log"
-    log.write_text("etj-train worker: torchrun ...\netj-train worker: joining the rendezvous at 1795388237.125")
+    log.write_text("etj-train worker: torchrun\netj-train worker: joining the rendezvous at 1795388237.125")
     assert _joined_at(log) == 1795388237.125
     log.write_text("torchrun output only\n")
     assert _joined_at(log) is None
