@@ -6,6 +6,9 @@ process-backed nodes (`localcluster.proclet`). Script: 2 on-demand + 2 spot node
 job trains; mid-epoch one spot node gets the AWS Node Termination Handler's interruption taint and cordon,
 its machine disappears after the drain; later a new spot node arrives. The live view follows the job's
 status; at the end the final accuracy is printed and a timeline PNG is written. Ctrl-C cleans up.
+
+`ClusterDemo` (`etj demo --operator installed`, the e2e suite's installed mode) runs the same script on a
+cluster that already has the operator and real nodes, through the API only.
 """
 
 from __future__ import annotations
