@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 # Preloaded into the forkserver: everything a worker imports before its first step.
 PRELOAD = [
+    "etj_trainer._forkserver_ignore_sigterm",  # first: a group-wide SIGTERM must not kill the forkserver
     "torch",
     "torch.distributed",
     "torchvision",
@@ -60,7 +61,7 @@ class AgentConfig:
     nproc_per_node: int = 1
     max_restarts: int = 1_000_000  # every membership change is a "restart" to torch elastic
     monitor_interval: float = 0.2
-    last_call_timeout: float = 0.5
+    last_call_timeout: float = 1.0  # rounds below max size wait this long for stragglers
     rdzv_poll_interval: float = 0.1  # torch polls the rendezvous state every 1 s (hard-coded)
     keep_alive_interval: int = 1
     keep_alive_max_attempt: int = 3
