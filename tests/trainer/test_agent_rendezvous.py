@@ -9,7 +9,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
-from etj_trainer.agent import AgentConfig, make_rendezvous_handler, patch_rendezvous_poll
+from etj_trainer.agent import AgentConfig, make_rendezvous_handler, patch_rendezvous_poll, preload_modules
 
 
 @pytest.fixture
@@ -40,3 +40,31 @@ def test_handler_takes_a_sub_second_last_call() -> None:
     assert handler.settings.timeout.last_call.total_seconds() == 0.5
     assert (handler.settings.min_nodes, handler.settings.max_nodes) == (1, 4)
     assert handler.settings.keep_alive_interval.total_seconds() == cfg.keep_alive_interval
+
+
+PRELOADS = {
+    "in-memory data, etj model: no DALI, no torchvision": (
+        {"ETJ_DATA": "digits-tensor", "ETJ_MODEL": "etj_trainer.models:tiny_mlp"},
+        {"etj_trainer.models"},
+        {"nvidia.dali", "torchvision"},
+    ),
+    "JPEG folders and a torchvision model": (
+        {"ETJ_DATA": "/data/train", "ETJ_MODEL": "resnet50"},
+        {"nvidia.dali", "etj_trainer.dali_input", "torchvision"},
+        set(),
+    ),
+    "defaults (no env): the default model's module": ({}, {"etj_trainer.models"}, {"torchvision"}),
+    "only validation data on disk still needs DALI": (
+        {"ETJ_DATA": "digits-tensor", "ETJ_VAL_DATA": "digits"},
+        {"nvidia.dali"},
+        set(),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(PRELOADS), ids=list(PRELOADS))
+def test_preload_follows_the_job(case: str) -> None:
+    env, present, absent = PRELOADS[case]
+    mods = preload_modules(env)
+    assert mods[0] == "etj_trainer._forkserver_ignore_sigterm" and "etj_trainer.trainer" in mods
+    assert present <= set(mods) and not (absent & set(mods))

@@ -13,10 +13,10 @@ SCRIPT = textwrap.dedent(
     """
     import multiprocessing, os, signal, time
     from multiprocessing import forkserver
-    from etj_trainer.agent import PRELOAD, _noop
+    from etj_trainer.agent import BASE_PRELOAD, _noop
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([m for m in PRELOAD if m.startswith("etj_trainer._")])
+    ctx.set_forkserver_preload([m for m in BASE_PRELOAD if m.startswith("etj_trainer._")])
     p = ctx.Process(target=_noop); p.start(); p.join()
     server = forkserver._forkserver._forkserver_pid
     os.kill(server, signal.SIGTERM)

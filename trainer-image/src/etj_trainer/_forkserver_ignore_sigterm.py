@@ -1,4 +1,4 @@
-"""Imported only inside the agent's forkserver (``agent.PRELOAD``): the forkserver ignores SIGTERM.
+"""Imported only inside the agent's forkserver (``agent.BASE_PRELOAD``): the forkserver ignores SIGTERM.
 
 Workers are children of the forkserver, and the agent learns that a worker ended through the forkserver.
 When a pod's whole process group gets SIGTERM (``tini -g``, ``kill -- -PGID``, the local bed's process

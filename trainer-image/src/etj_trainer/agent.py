@@ -30,6 +30,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,18 +39,27 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Preloaded into the forkserver: everything a worker imports before its first step.
-PRELOAD = [
+# Preloaded into the forkserver: everything a worker imports before its first step -- and only that, since
+# a joiner joins once these imports are done (torchvision alone is ~1.5 s, much more on a busy node).
+BASE_PRELOAD = [
     "etj_trainer._forkserver_ignore_sigterm",  # first: a group-wide SIGTERM must not kill the forkserver
     "torch",
     "torch.distributed",
-    "torchvision",
-    "nvidia.dali",
-    "nvidia.dali.plugin.pytorch",
     "etj_trainer.trainer",
-    "etj_trainer.dali_input",
-    "etj_trainer.agent",
 ]
+DALI_PRELOAD = ["nvidia.dali", "nvidia.dali.plugin.pytorch", "etj_trainer.dali_input"]
+
+
+def preload_modules(env: Mapping[str, str]) -> list[str]:
+    """What this job's workers will import: DALI unless all data is in-memory, the model's module."""
+    from etj_trainer.config import TrainConfig
+
+    mods = list(BASE_PRELOAD)
+    if any(env.get(v, "") not in ("", "digits-tensor") for v in ("ETJ_DATA", "ETJ_VAL_DATA")):
+        mods += DALI_PRELOAD
+    model = env.get("ETJ_MODEL") or TrainConfig.model
+    mods.append(model.split(":", 1)[0] if ":" in model else "torchvision")
+    return mods
 
 
 @dataclass
@@ -219,7 +229,38 @@ def make_rendezvous_handler(cfg: AgentConfig) -> Any:
     )
 
 
+def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
+    """Start the forkserver and import ``preload_modules`` in it, in the background; join the thread to wait.
+
+    Started before the agent imports torch itself, so both processes import at the same time.
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(preload_modules(env))
+
+    def warm() -> None:
+        p = ctx.Process(target=_noop)  # start() returns once the forkserver has imported the preload
+        p.start()
+        p.join()
+
+    t = threading.Thread(target=warm, name="etj-forkserver-warmup", daemon=True)
+    t.start()
+    return t
+
+
 def run_agent(cfg: AgentConfig) -> int:
+    # Without this, an agent that stays group rank 0 across rounds does not re-publish MASTER_ADDR for the
+    # new round and a joining agent waits forever for it (seen here on a 1->2 scale-up, torch 2.14).
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    state_file = ""
+    warmup: threading.Thread | None = None
+    if cfg.fast_restart:
+        # Read by the workers' SIGTERM handler (regroup.py); set before the forkserver starts so that
+        # every worker inherits it.
+        fd, state_file = tempfile.mkstemp(prefix="etj-agent-", suffix=".state")
+        os.close(fd)
+        os.environ["ETJ_AGENT_STATE_FILE"] = state_file
+        warmup = start_forkserver(os.environ)
+
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -227,22 +268,9 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
-    # Without this, an agent that stays group rank 0 across rounds does not re-publish MASTER_ADDR for the
-    # new round and a joining agent waits forever for it (seen here on a 1->2 scale-up, torch 2.14).
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     start_method = "spawn"
-    state_file = ""
-    if cfg.fast_restart:
-        # Read by the workers' SIGTERM handler (regroup.py); set before the forkserver starts so that
-        # every worker inherits it.
-        fd, state_file = tempfile.mkstemp(prefix="etj-agent-", suffix=".state")
-        os.close(fd)
-        os.environ["ETJ_AGENT_STATE_FILE"] = state_file
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        warm = ctx.Process(target=_noop)  # returns once the forkserver has imported PRELOAD
-        warm.start()
-        warm.join()
+    if warmup is not None:
+        warmup.join()  # join the rendezvous only when a worker can start with a fork
         start_method = "forkserver"
         patch_rendezvous_poll(cfg.rdzv_poll_interval)
         handler = make_rendezvous_handler(cfg)
