@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 SCRIPT = textwrap.dedent(
     """
@@ -32,3 +33,34 @@ def test_forkserver_ignores_sigterm_and_keeps_forking() -> None:
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "exit 0 0 same server True"
+
+
+PRELOAD_SCRIPT = textwrap.dedent(
+    """
+    import multiprocessing, sys
+    from etj_trainer.agent import preload_modules
+
+    def child():
+        before = set(sys.modules)
+        import torch
+        from etj_trainer.data import open_source
+        torch.use_deterministic_algorithms(True, warn_only=True)  # what train() does first
+        open_source("digits-tensor", "train", 32, torch.float32)
+        new = sorted(m for m in set(sys.modules) - before if m.startswith(("torch", "nvidia")))
+        print("late imports:", new[:5], flush=True)
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(preload_modules({"ETJ_DATA": "digits-tensor"}))
+        p = ctx.Process(target=child); p.start(); p.join()
+    """
+)
+
+
+def test_forkserver_preload_covers_a_workers_start(tmp_path: Path) -> None:
+    # regression: torch.use_deterministic_algorithms imports torch._inductor/_dynamo (1.7-5 s per restart)
+    script = tmp_path / "probe.py"
+    script.write_text(PRELOAD_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "late imports: []" in out.stdout, out.stdout
