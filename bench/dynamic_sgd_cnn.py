@@ -42,7 +42,8 @@ Everything below was fixed before any arm was run on an evaluation seed; all of 
   (``same_runs_as``) and the conclusion counts distinct comparisons only.
 * Supplementary, added after the main run (post hoc, reported apart): ``x16_early``, 2 epochs at 16, then
   256 (k = 16), both rules: the main run's two rules chose the same eta for x8_early, so the regime where
-  k*eta is beyond what is stable at k*B was never reached; k = 16 is the next try at it.
+  k*eta is beyond what is stable at k*B was never reached; k = 16 is the next try at it. Also post hoc,
+  as context for reading the results: ``--no-scaling-only`` runs the ``no_scaling`` arm alone.
 
     .venv/bin/python bench/dynamic_sgd_cnn.py            # the full run (~30 CPU-minutes, 1 thread)
     .venv/bin/python bench/dynamic_sgd_cnn.py --scenarios x16_early   # the supplementary run (~5 minutes)
@@ -150,6 +151,7 @@ class Config:
     stability_steps: int = 180
     progress: float = 0.5  # the stability test's "final loss at most this fraction of the initial one"
     no_scaling_arm: bool = False  # context arm: the batch changes, the LR never does (off: CPU budget)
+    no_scaling_only: bool = False  # run the context arm alone (no comparison): a cheap follow-up
     keep_traces: bool = False  # per-run LR trajectory, batch sizes, losses and fingerprints (for tests)
 
 
@@ -351,9 +353,13 @@ def _arm_summary(results: list[RunResult], keep_traces: bool) -> dict[str, Any]:
 
 
 def _one(cfg: Config, sc: Scenario, base_lr: float, data: Data) -> dict[str, Any]:
-    arm_specs: dict[str, int | None] = {"no_scaling": None} if cfg.no_scaling_arm else {}
-    arm_specs["jump"] = 0
-    arm_specs.update({f"dynamic_T{t}": t for t in cfg.ramps})
+    arm_specs: dict[str, int | None] = (
+        {"no_scaling": None} if cfg.no_scaling_arm or cfg.no_scaling_only else {}
+    )
+    ramps = () if cfg.no_scaling_only else cfg.ramps
+    if not cfg.no_scaling_only:
+        arm_specs["jump"] = 0
+        arm_specs.update({f"dynamic_T{t}": t for t in ramps})
     batches, decay = sc.batches, sc.decay_step
     results = {
         name: [run(s, base_lr, ramp, batches, decay, data, cfg.keep_traces) for s in range(cfg.seeds)]
@@ -368,7 +374,7 @@ def _one(cfg: Config, sc: Scenario, base_lr: float, data: Data) -> dict[str, Any
             )
             for m, lower in METRICS.items()
         }
-        for t in cfg.ramps
+        for t in ramps
     }
     b0 = sc.segments[0][1]
     return {
@@ -436,7 +442,7 @@ def run_experiment(cfg: Config) -> dict[str, Any]:
             for arm, v in e["dynamic_vs_jump"].items()
         }
     distinct = {key for key, e in exps.items() if "same_runs_as" not in e}
-    n = len(cfg.ramps) * len(distinct)
+    n = sum(len(exps[key]["verdict"]) for key in distinct)
     counts = {
         m: {
             v: sum(1 for k, x in out[f"verdict_{m}"].items() if x == v and k.rsplit("/", 1)[0] in distinct)
@@ -444,7 +450,7 @@ def run_experiment(cfg: Config) -> dict[str, Any]:
         }
         for m in METRICS
     }
-    out["conclusion"] = "distinct (rule, scenario, T) comparisons; " + "; ".join(
+    out["conclusion"] = f"over the {n} distinct (rule, scenario, T) comparisons: " + "; ".join(
         f"{m}: dynamic better in {c['dynamic_better']}/{n}, jump better in {c['jump_better']}/{n}"
         for m, c in counts.items()
     )
@@ -460,6 +466,7 @@ def main() -> None:
     )
     ap.add_argument("--seeds", type=int, help="evaluation seeds 0..N-1")
     ap.add_argument("--no-scaling-arm", action="store_true", help="add the no_scaling context arm")
+    ap.add_argument("--no-scaling-only", action="store_true", help="run the no_scaling context arm alone")
     ns = ap.parse_args()
     cfg = QUICK if ns.quick else Config()
     if ns.scenarios:
@@ -467,8 +474,8 @@ def main() -> None:
         cfg = replace(cfg, scenarios={k: known[k] for k in ns.scenarios})
     if ns.seeds:
         cfg = replace(cfg, seeds=ns.seeds)
-    if ns.no_scaling_arm:
-        cfg = replace(cfg, no_scaling_arm=True)
+    if ns.no_scaling_arm or ns.no_scaling_only:
+        cfg = replace(cfg, no_scaling_arm=True, no_scaling_only=ns.no_scaling_only)
     print(json.dumps(run_experiment(cfg), indent=2))
 
 

@@ -3,7 +3,9 @@ initial weights and data order, each arm's LR follows its schedule, and the verd
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -129,3 +131,157 @@ def test_base_lr_rule_rejects_unstable_and_keeps_stable_lrs(exp: ModuleType) -> 
     # "scaling_valid" also needs k*lr to pass at k*B: 0.05 * 4000 = 200 does not
     with pytest.raises(RuntimeError):
         exp.select_base_lr(cfg, digits_tensor_source("train"), k=4000)
+
+
+# ---- bench/dynamic_sgd_cnn.py: the BatchNorm-CNN experiment (docs/dynamic-sgd.md), run in its --quick mode
+
+
+@pytest.fixture(scope="module")
+def cnn() -> ModuleType:
+    path = BENCH.with_name("dynamic_sgd_cnn.py")
+    spec = importlib.util.spec_from_file_location("dynamic_sgd_cnn", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def quick(cnn: ModuleType) -> dict[str, Any]:
+    out: dict[str, Any] = cnn.run_experiment(dataclasses.replace(cnn.QUICK, keep_traces=True))
+    return out
+
+
+QUICK_KEYS = {"scaling_valid/x8_early", "stable_at_B/x8_early", "scaling_valid/spot"}
+COMPARE_KEYS = {
+    "seeds_dynamic_better",
+    "seeds_jump_better",
+    "mean_paired_diff_dynamic_minus_jump",
+    "paired_t",
+    "paired_t_p",
+    "sign_test_p",
+    "verdict",
+}
+
+
+def test_cnn_quick_json_structure(cnn: ModuleType, quick: dict[str, Any]) -> None:
+    json.loads(json.dumps(quick, allow_nan=False))  # strict JSON: no NaN/inf anywhere
+    assert quick["benchmark"] == "dynamic_sgd_cnn"
+    assert set(quick["experiments"]) == QUICK_KEYS
+    assert set(quick["config"]["lr_grid_passes_rule"]) == QUICK_KEYS
+    metrics = {"final_train_loss", "val_loss", "val_accuracy", "peak_excess"}
+    for key, e in quick["experiments"].items():
+        table = quick["config"]["lr_grid_passes_rule"][key]
+        assert table["100.0"] is False  # the rule rejects an absurd LR
+        assert e["base_lr"] == max(float(lr) for lr, ok in table.items() if ok)
+        assert set(e["arms"]) == {"no_scaling", "jump", "dynamic_T4"}
+        for arm in e["arms"].values():
+            assert set(arm["per_seed"]) == metrics
+            assert all(len(v) == 2 for v in arm["per_seed"].values())
+        assert set(e["dynamic_vs_jump"]) == {"dynamic_T4"}
+        assert set(e["dynamic_vs_jump"]["dynamic_T4"]) == metrics
+        for m in metrics:
+            assert set(e["dynamic_vs_jump"]["dynamic_T4"][m]) == COMPARE_KEYS
+            assert (
+                quick[f"verdict_{m}"][f"{key}/dynamic_T4"] == e["dynamic_vs_jump"]["dynamic_T4"][m]["verdict"]
+            )
+    # the aggressive rule never picks a smaller LR than the one that also needs k*eta stable at k*B
+    assert (
+        quick["experiments"]["stable_at_B/x8_early"]["base_lr"]
+        >= (quick["experiments"]["scaling_valid/x8_early"]["base_lr"])
+    )
+    finals = list(quick["verdict_final_train_loss"].values())
+    dyn, jump = finals.count("dynamic_better"), finals.count("jump_better")
+    assert quick["conclusion"].startswith(
+        "over the 3 distinct (rule, scenario, T) comparisons: final_train_loss: "
+        f"dynamic better in {dyn}/3, jump better in {jump}/3; "
+    )
+
+
+def test_cnn_arms_are_paired_and_follow_their_lr_schedules(cnn: ModuleType, quick: dict[str, Any]) -> None:
+    for key, e in quick["experiments"].items():
+        lr, sc = e["base_lr"], cnn.QUICK.scenarios[key.split("/")[1]]
+        batches, decay = sc.batches, sc.decay_step
+        b0, n_before = batches[0], sc.segments[0][0]
+        runs = {name: arm["runs"] for name, arm in e["arms"].items()}
+        for s in range(2):
+            ref = runs["jump"][s]
+            for name, rs in runs.items():
+                r = rs[s]
+                assert (r["init_param_sha"], r["data_order_sha"]) == (
+                    ref["init_param_sha"],
+                    ref["data_order_sha"],
+                )
+                assert r["batch_sizes"] == ref["batch_sizes"], name
+                # the nominal batch, short only where an epoch ends (a step never crosses epochs)
+                assert all(a <= b for a, b in zip(r["batch_sizes"], batches, strict=True)), name
+                assert r["minibatch_losses"][:n_before] == ref["minibatch_losses"][:n_before], name
+            assert runs["jump"][0]["init_param_sha"] != runs["jump"][1]["init_param_sha"]
+            dec = [0.1 if decay is not None and t >= decay else 1.0 for t in range(len(batches))]
+            assert runs["no_scaling"][s]["lrs"] == pytest.approx([lr * d for d in dec])
+            assert runs["jump"][s]["lrs"] == pytest.approx(
+                [lr * b / b0 * d for b, d in zip(batches, dec, strict=True)]
+            )
+    # Dynamic SGD's ramp, written out for the two quick schedules (T = 4): x8 at step 12; x4 at 8, /2 at 14
+    x8 = [1.0] * 12 + [1 + j * 7 / 4 for j in range(4)] + [8.0] * 6
+    spot = (
+        [1.0] * 8
+        + [1 + j * 3 / 4 for j in range(4)]
+        + [4.0] * 2
+        + [4 - j * 2 / 4 for j in range(4)]
+        + [2.0] * 2
+    )
+    for key, mult, decay in (("scaling_valid/x8_early", x8, 19), ("scaling_valid/spot", spot, 14)):
+        e = quick["experiments"][key]
+        expected = [e["base_lr"] * m * (0.1 if t >= decay else 1.0) for t, m in enumerate(mult)]
+        for r in e["arms"]["dynamic_T4"]["runs"]:
+            assert r["lrs"] == pytest.approx(expected)
+
+
+def test_cnn_runs_are_deterministic(cnn: ModuleType, quick: dict[str, Any]) -> None:
+    e = quick["experiments"]["scaling_valid/spot"]
+    sc = cnn.QUICK.scenarios["spot"]
+    again = cnn.run(1, e["base_lr"], 4, sc.batches, sc.decay_step, cnn.Data(), keep_traces=True)
+    assert dataclasses.asdict(again) == e["arms"]["dynamic_T4"]["runs"][1]
+
+
+def test_cnn_summaries_are_recomputed_from_the_runs(cnn: ModuleType, quick: dict[str, Any]) -> None:
+    for e in quick["experiments"].values():
+        runs = {name: arm["runs"] for name, arm in e["arms"].items()}
+        for m, lower in cnn.METRICS.items():
+            dyn = [r[m] for r in runs["dynamic_T4"]]
+            jump = [r[m] for r in runs["jump"]]
+            assert e["dynamic_vs_jump"]["dynamic_T4"][m] == cnn.compare(dyn, jump, lower_is_better=lower)
+            vals = [r[m] for r in runs["jump"] if math.isfinite(r[m])]
+            if vals:
+                assert e["arms"]["jump"][m]["mean"] == pytest.approx(sum(vals) / len(vals), abs=1e-4)
+
+
+def test_statistics_on_fixed_input(exp: ModuleType, cnn: ModuleType) -> None:
+    # diffs -1, -0.5, -0.5, -2: mean -1, sd sqrt(0.5), t = -1 / (sqrt(0.5) / 2) = -2.828, df 3
+    c = exp.compare([1.0, 2.0, 3.0, 4.0], [2.0, 2.5, 3.5, 6.0])
+    assert c == {
+        "seeds_dynamic_better": 4,
+        "seeds_jump_better": 0,
+        "mean_paired_diff_dynamic_minus_jump": -1.0,
+        "paired_t": -2.828,
+        "paired_t_p": 0.0663,  # two-sided Student t, df 3
+        "sign_test_p": 0.125,  # 2 * (1/2)^4
+        "verdict": "no_significant_difference",
+    }
+    # 9 of 10 seeds better: sign test p = 2 * (1 + 10) / 2^10; ties are dropped
+    assert exp._sign_test_p(9, 1) == pytest.approx(22 / 1024)
+    nine = exp.compare([0.0] * 9 + [2.0, 5.0], [1.0] * 10 + [5.0])
+    assert (nine["seeds_dynamic_better"], nine["seeds_jump_better"], nine["sign_test_p"]) == (9, 1, 0.0215)
+    assert nine["verdict"] == "dynamic_better"
+    # Student t two-sided p against tabulated 5% critical values, and the symmetric/zero cases
+    for t, df in ((12.7062, 1), (4.3027, 2), (3.1824, 3), (2.7764, 4), (2.2622, 9), (2.1314, 15)):
+        assert exp.t_two_sided_p(t, df) == pytest.approx(0.05, abs=2e-5)
+        assert exp.t_two_sided_p(-t, df) == exp.t_two_sided_p(t, df)
+    assert exp.t_two_sided_p(0.0, 7) == pytest.approx(1.0)
+    assert exp.t_two_sided_p(2.0, 1) == pytest.approx(1 - 2 / math.pi * math.atan(2.0))
+    # the transient: a loss of 1 that jumps to 3 for five steps after the change at step 10 -> excess 2
+    losses = [1.0] * 10 + [3.0] * 5 + [1.0] * 20
+    assert cnn._peak_excess(losses, [16] * 10 + [128] * 25) == pytest.approx(2.0)
+    assert math.isnan(cnn._peak_excess(losses, [16] * 35))  # no change, no transient
