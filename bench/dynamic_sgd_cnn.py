@@ -17,7 +17,8 @@ Everything below was fixed before any arm was run on an evaluation seed; all of 
 * Scenarios (steps x global batch; b = 16 per worker, so the batch is 16 x workers; about 30 epochs each):
   ``x8_early``: 2 epochs at 16, then 128 (k = 8); ``x4_early``: 2 epochs at 16, then 64 (k = 4);
   ``x8_mid``: 15 epochs at 16, then 128; ``spot``: 16 -> 64 -> 128 -> 32 -> 128 -> 64 (x4, x2, /4, x4,
-  /2: grows and shrinks; the trainer's DynamicSGD ramps on shrinks too); ``x8_early_const``: x8_early
+  /2: grows and shrinks; since this experiment the trainer's DynamicSGD ramps only on grows and a shrink
+  drops at once); ``x8_early_const``: x8_early
   without the LR decay (the trainer has no schedule). All but ``x8_early_const`` divide every arm's base
   LR by 10 for the last quarter of the samples.
 * Arms (same seed => same initial weights, same sample order, same augmentation in every arm):

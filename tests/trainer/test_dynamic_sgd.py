@@ -8,12 +8,13 @@ import torch
 from etj_trainer.dynamic_sgd import DynamicSGD, LinearRamp
 
 
-@pytest.mark.parametrize(("k", "T", "t0"), [(2.0, 10, 5), (4.0, 7, 0), (0.5, 4, 3)])
+@pytest.mark.parametrize(("k", "T", "t0"), [(2.0, 10, 5), (4.0, 7, 0), (1.5, 4, 3), (0.5, 4, 3)])
 def test_ramp_matches_formula(k: float, T: int, t0: int) -> None:
     ramp = LinearRamp(ramp_steps=T)
     ramp.retarget(t0, k)
     for t in range(t0, t0 + 3 * T):
-        expected = 1 + (t - t0) * (k - 1) / T if t < t0 + T else k
+        # the paper's ramp for a growing batch (k > 1); a shrink (k < 1) takes effect at once
+        expected = 1 + (t - t0) * (k - 1) / T if (t < t0 + T and k > 1) else k
         assert ramp.value(t) == pytest.approx(expected)
 
 
@@ -37,10 +38,23 @@ def test_change_during_ramp_starts_from_current_value() -> None:
     ramp = LinearRamp(ramp_steps=10)
     ramp.retarget(0, 3.0)
     mid = ramp.value(5)  # 2.0
-    ramp.retarget(5, 1.0)
+    ramp.retarget(5, 4.0)  # a further increase ramps on from where the multiplier is, not from 3
     assert ramp.value(5) == pytest.approx(mid)
-    assert ramp.value(10) == pytest.approx(mid + 5 * (1.0 - mid) / 10)
-    assert ramp.value(15) == pytest.approx(1.0)
+    assert ramp.value(10) == pytest.approx(mid + 5 * (4.0 - mid) / 10)
+    assert ramp.value(15) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("during_ramp", [False, True])
+def test_a_shrink_drops_at_once(during_ramp: bool) -> None:
+    # regression (bench/dynamic_sgd_cnn.py, spot schedule): ramping *down* kept an LR too large for the
+    # smaller batch for T steps, and the immediate jump won on final loss
+    ramp = LinearRamp(ramp_steps=10)
+    ramp.retarget(0, 4.0)
+    t = 5 if during_ramp else 20
+    ramp.retarget(t, 2.0)
+    assert [ramp.value(t + i) for i in range(3)] == [2.0, 2.0, 2.0]
+    ramp.retarget(t + 3, 0.5)  # below the base multiplier too
+    assert ramp.value(t + 3) == 0.5
 
 
 def test_state_dict_round_trip_preserves_ramp() -> None:

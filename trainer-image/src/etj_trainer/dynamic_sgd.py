@@ -3,9 +3,12 @@
 When the global batch changes by a factor ``k`` at iteration ``t0``, linear scaling says the LR should be
 multiplied by ``k``; jumping there at once destabilises training (the momentum buffer was built at the old
 scale). Dynamic SGD instead ramps the multiplier ``gamma_t = 1 + (t - t0)(k - 1)/T`` for ``t0 <= t < t0+T``
-and then holds ``k``, keeping the momentum buffer. Generalised here to successive changes: the ramp always
+and then holds ``k``, keeping the momentum buffer. Generalised here to successive changes: a ramp always
 runs from the multiplier in force at ``t0`` to the new target, so a change in the middle of a ramp does
-not jump either.
+not jump either. Only *increases* ramp: when the batch shrinks the multiplier drops to its new target at
+once. A smaller step is never the unstable direction, and ramping down keeps an LR too large for the
+smaller batch for T steps -- bench/dynamic_sgd_cnn.py's spot schedule (grow and shrink) measured exactly
+that: the jump beat the two-way ramp on final loss (docs/dynamic-sgd.md).
 
 ``DynamicSGD`` is a drop-in ``torch.optim.SGD``: use it anywhere, call ``rescale(old_batch, new_batch)``
 (or ``set_target``) when the global batch changes. It owns each group's ``lr`` (``base_lr * multiplier``),
@@ -38,8 +41,8 @@ class LinearRamp:
         return self.start_value + (t - self.t0) * (self.target - self.start_value) / self.ramp_steps
 
     def retarget(self, t: int, new_target: float) -> None:
-        """Start a ramp at iteration ``t`` from the current multiplier to ``new_target``."""
-        self.start_value = self.value(t)
+        """Ramp from the multiplier in force at ``t`` up to ``new_target``; a lower target applies at once."""
+        self.start_value = min(self.value(t), new_target)
         self.target = new_target
         self.t0 = t
 
