@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from etj_operator.api.models import ResizeEvent
 from etj_operator.planner import plan
@@ -107,3 +108,54 @@ def test_capacity_condition_below_min_without_room() -> None:
     assert _capacity(st) == ("False", "InsufficientCapacity")
     st = plan(job_view, observe(cluster(spot=4), [RUNNING[0], store()])).status
     assert _capacity(st) == ("True", "EnoughCapacity")
+
+
+def _trainer_report(seconds: int) -> dict[str, object]:
+    return {
+        "resizes": [
+            {
+                "time": (NOW + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "from": 4,
+                "to": 3,
+                "reason": "scale-down",
+                "pauseSeconds": 0.3,
+                "stepsLost": 0,
+            }
+        ]
+    }
+
+
+def test_one_entry_per_resize_whichever_side_reports_first() -> None:
+    # regression: an in-place leave (trainer regroup.py) reports 4->3 before the operator sees the pod
+    # gone; the operator then added a second, pause-less 4->3 entry
+    later = [worker(i, f"spot-{i}") for i in range(3)]
+    report = _trainer_report(1)
+
+    def history(first_running: list[Any], first_progress: dict[str, object] | None) -> list[Any]:
+        st = plan(
+            job(st=started(4)),
+            observe(
+                cluster(),
+                [*first_running, store()],
+                progress=first_progress,
+                progress_time=NOW,
+                now=NOW + timedelta(seconds=2),
+            ),
+        ).status
+        for s in (3, 4):  # the pod is gone and the report is in; a further poll changes nothing
+            st = plan(
+                job(st=st),
+                observe(
+                    cluster(),
+                    [*later, store()],
+                    progress=report,
+                    progress_time=NOW,
+                    now=NOW + timedelta(seconds=s),
+                ),
+            ).status
+        return [(e.from_, e.to, e.reason, e.pause_seconds) for e in st.resize_history if e.to == 3]
+
+    trainer_first = history(RUNNING, report)
+    operator_first = history(later, None)
+    assert len(trainer_first) == 1 and trainer_first[0][2] != "scale-down" and trainer_first[0][3] == 0.3
+    assert trainer_first == operator_first

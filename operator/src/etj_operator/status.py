@@ -125,6 +125,29 @@ def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: d
         st.resize_history = merge_resizes(st.resize_history, resizes)
 
 
+# Reasons the trainer puts in its own resize reports (trainer.py); the operator's reasons say *why*.
+TRAINER_REASONS = frozenset({"scale-up", "scale-down"})
+
+
+def record_resize(history: Sequence[ResizeEvent], event: ResizeEvent) -> list[ResizeEvent]:
+    """Add the operator's record of a running-count change.
+
+    If the trainer already reported this resize -- an in-place leave re-forms the world before the pod
+    is gone, so its report can arrive first -- give that entry the operator's reason instead of adding a
+    second entry for the same resize.
+    """
+    out = [e.model_copy() for e in history]
+    for e in reversed(out):
+        if (
+            e.reason in TRAINER_REASONS
+            and (e.from_, e.to) == (event.from_, event.to)
+            and abs(e.time - event.time) <= RESIZE_MATCH_WINDOW
+        ):
+            e.reason = event.reason
+            return out
+    return [*out, event][-MAX_RESIZE_HISTORY:]
+
+
 def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[Any]) -> list[ResizeEvent]:
     """Merge the trainer's resizes into the operator's: enrich a matching entry, else append.
 
@@ -179,10 +202,11 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     worker_drains = [d for d in inp.drains if d.role == "worker"]
     if inp.running != prev_running:
         reason = _resize_reason(inp, prev_running)
-        st.add_resize(
+        st.resize_history = record_resize(
+            st.resize_history,
             ResizeEvent.model_validate(
                 {"time": now, "from": prev_running, "to": inp.running, "reason": str(reason)}
-            )
+            ),
         )
         detail = "; ".join(d.message for d in worker_drains)
         events.append(
