@@ -7,7 +7,7 @@ observation (lastTransitionTime only moves on a transition), so a no-op reconcil
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -129,6 +129,23 @@ def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: d
 TRAINER_REASONS = frozenset({"scale-up", "scale-down"})
 
 
+def _latest_same_resize(
+    history: Sequence[ResizeEvent], event: ResizeEvent, unmatched: Callable[[ResizeEvent], bool]
+) -> ResizeEvent | None:
+    """The newest entry for the same change (sizes, within the window) that ``unmatched`` says is still
+    waiting for the other side's record of it."""
+    return next(
+        (
+            e
+            for e in reversed(history)
+            if unmatched(e)
+            and (e.from_, e.to) == (event.from_, event.to)
+            and abs(e.time - event.time) <= RESIZE_MATCH_WINDOW
+        ),
+        None,
+    )
+
+
 def record_resize(history: Sequence[ResizeEvent], event: ResizeEvent) -> list[ResizeEvent]:
     """Add the operator's record of a running-count change.
 
@@ -137,15 +154,11 @@ def record_resize(history: Sequence[ResizeEvent], event: ResizeEvent) -> list[Re
     second entry for the same resize.
     """
     out = [e.model_copy() for e in history]
-    for e in reversed(out):
-        if (
-            e.reason in TRAINER_REASONS
-            and (e.from_, e.to) == (event.from_, event.to)
-            and abs(e.time - event.time) <= RESIZE_MATCH_WINDOW
-        ):
-            e.reason = event.reason
-            return out
-    return [*out, event][-MAX_RESIZE_HISTORY:]
+    match = _latest_same_resize(out, event, lambda e: e.reason in TRAINER_REASONS)
+    if match is None:
+        return [*out, event][-MAX_RESIZE_HISTORY:]
+    match.reason = event.reason
+    return out
 
 
 def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[Any]) -> list[ResizeEvent]:
@@ -163,17 +176,7 @@ def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[Any]) -> li
             continue
         if any(e.time == rep.time and e.from_ == rep.from_ and e.to == rep.to for e in out):
             continue
-        match = next(
-            (
-                e
-                for e in reversed(out)
-                if e.pause_seconds is None
-                and e.from_ == rep.from_
-                and e.to == rep.to
-                and abs(e.time - rep.time) <= RESIZE_MATCH_WINDOW
-            ),
-            None,
-        )
+        match = _latest_same_resize(out, rep, lambda e: e.pause_seconds is None)
         if match is not None:
             match.time = rep.time
             match.pause_seconds = rep.pause_seconds

@@ -113,6 +113,19 @@ class AgentConfig:
             conf["is_host"] = False
         return conf
 
+    def rendezvous_parameters(self) -> Any:
+        """torch's ``RendezvousParameters`` for this agent (c10d on the external store)."""
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+        return RendezvousParameters(
+            backend="c10d",
+            endpoint=self.endpoint,
+            run_id=self.run_id,
+            min_nodes=self.min_nodes,
+            max_nodes=self.max_nodes,
+            **self.rdzv_configs(),
+        )
+
     def torchrun_args(self) -> list[str]:
         """The equivalent torchrun command line (printed for users; the agent below is what runs).
 
@@ -138,16 +151,15 @@ def worker_entry() -> None:
     import torch.distributed as dist
 
     from etj_trainer.config import TrainConfig
+    from etj_trainer.regroup import collective_timeout
     from etj_trainer.trainer import EXIT_RESIZE, StopFlag, train
 
     stop = StopFlag()
     stop.install()  # first: a SIGTERM during start-up must still end in a checkpoint, not a crash
     logging.basicConfig(level=os.environ.get("ETJ_LOG_LEVEL", "WARNING"))
     cfg = TrainConfig.from_env()
-    timeout = timedelta(seconds=int(os.environ.get("ETJ_COLLECTIVE_TIMEOUT_S", "120")))
-    # A bounded collective timeout: a peer that vanished without closing its sockets must not hang the
-    # survivors for torch's default 30 minutes (pytorch#111646).
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=collective_timeout())
     result = train(cfg, stop)
     dist.destroy_process_group()
     if result.stopped_early:
@@ -202,22 +214,13 @@ def patch_rendezvous_poll(interval: float) -> bool:
 
 def make_rendezvous_handler(cfg: AgentConfig) -> Any:
     """torch's c10d DynamicRendezvousHandler, built directly so ``last_call`` can be sub-second."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         RendezvousTimeout,
     )
 
-    params = RendezvousParameters(
-        backend="c10d",
-        endpoint=cfg.endpoint,
-        run_id=cfg.run_id,
-        min_nodes=cfg.min_nodes,
-        max_nodes=cfg.max_nodes,
-        **cfg.rdzv_configs(),
-    )
-    backend, store = create_backend(params)
+    backend, store = create_backend(cfg.rendezvous_parameters())
     return DynamicRendezvousHandler.from_backend(
         cfg.run_id,
         store,
@@ -268,8 +271,9 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+
+    from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
 
     start_method = "spawn"
     if warmup is not None:
@@ -278,22 +282,14 @@ def run_agent(cfg: AgentConfig) -> int:
         patch_rendezvous_poll(cfg.rdzv_poll_interval)
         handler = make_rendezvous_handler(cfg)
     else:
-        params = RendezvousParameters(
-            backend="c10d",
-            endpoint=cfg.endpoint,
-            run_id=cfg.run_id,
-            min_nodes=cfg.min_nodes,
-            max_nodes=cfg.max_nodes,
-            **cfg.rdzv_configs(),
-        )
-        handler = rdzv_registry.get_rendezvous_handler(params)
+        handler = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
 
     class EtjAgent(LocalElasticAgent):
         def _restart_workers(self, worker_group: Any) -> None:
             # Our workers must stop *for a restart*, not survive in place: say so before signalling.
-            _write_state(state_file, "restarting")
+            write_agent_state(state_file, AGENT_RESTARTING)
             super()._restart_workers(worker_group)
-            _write_state(state_file, "running")
+            write_agent_state(state_file, AGENT_RUNNING)
 
         def _exit_barrier(self) -> None:
             # The barrier keeps an agent that hosts the store alive until everyone is done. Our store is
@@ -331,12 +327,6 @@ def run_agent(cfg: AgentConfig) -> int:
         return 1
     handler.shutdown()  # training finished: close the rendezvous so no one waits for more rounds
     return 0
-
-
-def _write_state(path: str, state: str) -> None:
-    if path:
-        with open(path, "w") as f:
-            f.write(state)
 
 
 def main(argv: list[str] | None = None) -> int:

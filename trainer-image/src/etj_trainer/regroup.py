@@ -58,24 +58,42 @@ def enabled_from_env() -> bool:
     return bool(os.environ.get("ETJ_AGENT_STATE_FILE")) and bool(os.environ.get("ETJ_RDZV_ENDPOINT"))
 
 
+AGENT_RESTARTING, AGENT_RUNNING = "restarting", "running"
+
+
+def write_agent_state(path: str, state: str) -> None:
+    """The agent's half of ETJ_AGENT_STATE_FILE: written before it signals its workers."""
+    if path:
+        with open(path, "w") as f:
+            f.write(state)
+
+
 def agent_is_restarting() -> bool:
-    """Read by the SIGTERM handler: did our agent write "restarting" before signalling us?"""
+    """The workers' half, read by the SIGTERM handler: did our agent say it is restarting us?"""
     path = os.environ.get("ETJ_AGENT_STATE_FILE")
     if not path:
         return False
     try:
         with open(path) as f:
-            return f.read().strip() == "restarting"
+            return f.read().strip() == AGENT_RESTARTING
     except OSError:
         return False
 
 
-def reform(key: str, new_rank: int, new_world: int, backend: str, timeout: timedelta) -> None:
-    """Replace the default process group with one of ``new_world`` ranks, met on the external store.
+def collective_timeout() -> timedelta:
+    """Bounded (ETJ_COLLECTIVE_TIMEOUT_S, default 120 s): a peer that vanished without closing its sockets
+    must not hang the survivors for torch's default 30 minutes (pytorch#111646)."""
+    return timedelta(seconds=int(os.environ.get("ETJ_COLLECTIVE_TIMEOUT_S", "120")))
+
+
+def reform(key: str, new_rank: int, new_world: int) -> None:
+    """Replace the default process group with one of ``new_world`` ranks (same backend), met on the
+    external store.
 
     ``key`` must be the same on every survivor and never reused by this job (old-incarnation id + step).
     """
     host, _, port = os.environ["ETJ_RDZV_ENDPOINT"].rpartition(":")
+    backend, timeout = str(dist.get_backend()), collective_timeout()
     dist.destroy_process_group()
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
     dist.init_process_group(

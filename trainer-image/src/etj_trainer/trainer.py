@@ -18,7 +18,6 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -295,11 +294,8 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         if regroup_to is None:
             break
         # Survivors of a graceful leave: a new process group among themselves, same state, next step.
-        backend = str(dist.get_backend())
-        timeout = timedelta(seconds=int(os.environ.get("ETJ_COLLECTIVE_TIMEOUT_S", "120")))
         del ddp  # its reducer hooks go with it; the next pass wraps the model again
-        new_world = len(regroup_to.survivors)
-        regroup.reform(f"{inc:.6f}/{step}", regroup_to.new_rank(rank), new_world, backend, timeout)
+        regroup.reform(f"{inc:.6f}/{step}", regroup_to.new_rank(rank), len(regroup_to.survivors))
         prev_world, world, rank = world, dist.get_world_size(), dist.get_rank()
         print(f"etj: resizing {prev_world}->{world} in process at step {step}", flush=True)
         resize_pending, restored_step, last_reported_step = True, step, None
