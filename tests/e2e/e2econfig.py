@@ -5,7 +5,7 @@
   nodes are started on this machine (`etj_operator.demo.Demo`), as `etj demo` does;
 - ``ETJ_E2E_OPERATOR=installed``: the cluster of ``ETJ_E2E_KUBECONFIG`` (required) already runs the
   operator (the Helm chart) and has the nodes (kind's CPU workers labelled ``etj.dev/capacity-type``);
-  nothing is started here and interruptions go through the API (`etj_operator.demo.ClusterDemo`).
+  nothing is started here and interruptions go through the API (`etj_operator.demo_cluster.ClusterDemo`).
   ``ETJ_E2E_TRAINER_IMAGE`` is spec.trainer.image (unset: the operator's default trainer image),
   ``ETJ_E2E_IMAGE_PULL_POLICY`` its pull policy, and ``ETJ_E2E_SHARED_DIR`` a directory this machine and
   every node see at the same path (kind extraMounts): checkpoints and the per-rank sample logs go there,
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etj_operator.demo import Demo, Script, make_demo
+from etj_operator.demo import Demo, Script
+from etj_operator.demo_cluster import make_demo
 from etj_operator.localcluster.toolchain import cache_root
 
 MODES = ("local", "installed")

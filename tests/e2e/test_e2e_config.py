@@ -18,7 +18,8 @@ import yaml
 
 from etj_operator import demo as demo_module
 from etj_operator.api.models import ElasticTrainingJob
-from etj_operator.demo import SPOT_ITN, ClusterDemo, Demo, Script
+from etj_operator.demo import SPOT_ITN, Demo, Script
+from etj_operator.demo_cluster import ClusterDemo
 from etj_operator.localcluster.nodes import fake_gpu_node
 from etj_operator.localcluster.proclet_nodes import INSTANCE_LABEL
 from tests.chart.test_workflows import E2E, heredoc, step
