@@ -40,7 +40,7 @@ from etj_operator.localcluster.proclet_nodes import (
     process_node,
     selector_for,
 )
-from etj_operator.localcluster.proclet_proc import MARK_ROOT, reap_marked
+from etj_operator.localcluster.proclet_proc import MARK_ROOT, is_running, reap_marked
 from etj_operator.localcluster.proclet_status import ContainerRun, exit_code, pod_status
 
 JSON = dict[str, Any]
@@ -262,14 +262,6 @@ def bed(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[Bed]:
         bed.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def _wait_file(cluster: Cluster, path: Path, timeout: float = 60) -> str:
     cluster.wait_for(
         f"{path} to be written", lambda: path.exists() and path.read_text().strip() != "", timeout
@@ -384,7 +376,7 @@ def test_deleting_a_running_pod_sends_sigterm_then_the_pod_disappears(bed: Bed, 
     bed.cluster.kubectl("delete", "pod", "graceful", "-n", bed.ns, "--wait=false")
     bed.cluster.wait_for("the pod object to be gone", lambda: bed.get("graceful") is None)
     assert marker.read_text() == "SIGTERM"
-    assert not _alive(pid)
+    assert not is_running(pid)
 
 
 @pytest.mark.cluster
@@ -403,7 +395,7 @@ def test_a_process_ignoring_sigterm_is_sigkilled_after_the_grace_period(bed: Bed
     pid = int(_wait_file(bed.cluster, started))
     bed.cluster.kubectl("delete", "pod", "stubborn", "-n", bed.ns, "--wait=false")
     bed.cluster.wait_for("the pod object to be gone", lambda: bed.get("stubborn") is None)
-    assert not _alive(pid)
+    assert not is_running(pid)
     runner = bed.harness.runner(bed.ns, "stubborn")
     assert runner is not None and runner.exit_codes() == {"main": 137}  # 128 + SIGKILL
 
@@ -486,7 +478,7 @@ def _spawner_pids(bed: Bed, node: str, name: str, tmp_path: Path) -> list[int]:
     bed.pod(name, node, SPAWNER, container={"env": [{"name": "PIDS", "value": str(pids)}]})
     bed.wait_phase(name, "Running")
     found = [int(p) for p in _wait_file(bed.cluster, pids).split()]
-    assert all(_alive(p) for p in found)
+    assert all(is_running(p) for p in found)
     return found
 
 
@@ -495,7 +487,7 @@ def test_deleting_the_node_kills_its_pods_processes(bed: Bed, tmp_path: Path) ->
     node = bed.node()
     pids = _spawner_pids(bed, node, "doomed", tmp_path)
     bed.cluster.kubectl("delete", "node", node)
-    bed.cluster.wait_for("every process of the node's pod to be gone", lambda: not any(map(_alive, pids)))
+    bed.cluster.wait_for("every process of the node's pod to be gone", lambda: not any(map(is_running, pids)))
 
 
 @pytest.mark.cluster
@@ -503,7 +495,7 @@ def test_stopping_the_harness_leaves_no_processes(bed: Bed, tmp_path: Path) -> N
     node = bed.node()
     pids = _spawner_pids(bed, node, "p1", tmp_path) + _spawner_pids(bed, node, "p2", tmp_path)
     bed.harness.stop()
-    assert not [p for p in pids if _alive(p)]
+    assert not [p for p in pids if is_running(p)]
     assert list(iter_pids_with_marker(bed.root)) == []
 
 
@@ -522,7 +514,7 @@ def test_the_harness_as_a_subprocess_stops_cleanly_on_sigterm(
         pids = _spawner_pids(bed, node, "p1", tmp_path)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-        assert not [p for p in pids if _alive(p)]
+        assert not [p for p in pids if is_running(p)]
         assert list(iter_pids_with_marker(root)) == []
     finally:
         proc.kill()

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import socket
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,7 +73,22 @@ def reap_marked(root: str, uid: str | None = None) -> list[int]:
                 killed.append(int(entry.name))
             except OSError:
                 pass
+    # SIGKILL is asynchronous: callers (the harness's stop, a pod's teardown) promise that nothing is left
+    # when they return, so wait until the kernel has really ended them (found by a flaky CI run of
+    # test_stopping_the_harness_leaves_no_processes).
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(is_running(pid) for pid in killed):
+        time.sleep(0.01)
     return killed
+
+
+def is_running(pid: int) -> bool:
+    """Exists and is not a zombie (a zombie has ended; only its parent's wait() is missing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def iter_pids_with_marker(root: Path) -> Iterator[int]:
