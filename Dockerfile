@@ -13,6 +13,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/src operator/src
 COPY trainer-image/src trainer-image/src
+COPY contract/src contract/src
 # A virtual environment at the path it will have in the final image, so it can be copied as is.
 RUN python -m venv /opt/etj \
     && /opt/etj/bin/pip install --no-cache-dir --disable-pip-version-check . \

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from etj_operator.localcluster import toolchain
-from etj_operator.localcluster.proclet_env import LoopbackIPs, service_endpoint
+from etj_operator.localcluster.proclet_env import DEFAULT_POD_NETWORK, LoopbackIPs, service_endpoint
 from etj_operator.localcluster.proclet_kube import Gone, Kube, delete_pod
 from etj_operator.localcluster.proclet_nodes import (
     INSTANCE_LABEL,
@@ -72,7 +72,17 @@ STATUS_EVERY_S = 30.0  # full node status heartbeat (the lease is what keeps the
 STOP_GRACE_S = 5.0  # grace given to pods' processes when the harness itself stops
 TERMINAL = ("Succeeded", "Failed")
 # Passed from the harness's environment to pods: what a process needs to run at all, and GPU visibility.
-PASS_ENV = ("HOME", "LANG", "LC_ALL", "TZ", "USER", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+# PYTHONPATH: pods run the checkout the harness runs (a worktree beside an editable install too).
+PASS_ENV = (
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "USER",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "PYTHONPATH",
+)
 
 
 class Proclet:
@@ -91,7 +101,14 @@ class Proclet:
         base = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
         base["PATH"] = os.pathsep.join([bindir, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
         self.ctx = RunnerContext(
-            self.kube, LoopbackIPs(), self.root, base, self._lookup_data, self._lookup_service
+            self.kube,
+            # Two harnesses on one machine (two clones' test runs, a demo beside a test) must not hand out
+            # the same pod addresses: their stores would fight over one host:port.
+            LoopbackIPs(os.environ.get("ETJ_PROCLET_NETWORK", DEFAULT_POD_NETWORK)),
+            self.root,
+            base,
+            self._lookup_data,
+            self._lookup_service,
         )
         self.nodes: dict[str, JSON] = {}
         self.pods: dict[str, JSON] = {}  # every bound pod by uid (pods may be seen before their node)

@@ -192,6 +192,9 @@ def service_endpoint(service: JSON, pods: Iterable[JSON]) -> str | None:
     return min(ready) if ready else None
 
 
+DEFAULT_POD_NETWORK = "127.0.0.0/16"  # ETJ_PROCLET_NETWORK overrides it (e.g. 127.9.0.0/16)
+
+
 class LoopbackIPs:
     """Hands out 127.0.x.y addresses (never 127.0.0.1, never one in use).
 
@@ -200,7 +203,7 @@ class LoopbackIPs:
     which keeps a Service name resolved at a client's start valid across a server pod's replacement.
     """
 
-    def __init__(self, network: str = "127.0.0.0/16") -> None:
+    def __init__(self, network: str = DEFAULT_POD_NETWORK) -> None:
         self._hosts = [
             str(ip)
             for ip in ipaddress.ip_network(network).hosts()
