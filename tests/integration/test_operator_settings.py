@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from etj_operator.status import NO_TRAINER_IMAGE, PARTIAL_USAGE_NOTE
+from etj_operator.decide.job_status import NO_TRAINER_IMAGE, PARTIAL_USAGE_NOTE
 from tests.integration.opbed import TEST_LABEL, Bed, OperatorProcess, job_manifest
 from tests.plugins.cluster import Cluster
 

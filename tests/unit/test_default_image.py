@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from etj_operator import workload
 from etj_operator.api.models import ConditionType, ElasticTrainingJobSpec, ElasticTrainingJobStatus, Phase
-from etj_operator.planner import JobView, plan, trainer_image
-from etj_operator.runner import build_state, parse_args
-from etj_operator.status import NO_TRAINER_IMAGE
+from etj_operator.decide import workload
+from etj_operator.decide.job_status import NO_TRAINER_IMAGE
+from etj_operator.decide.planner import JobView, plan, trainer_image
+from etj_operator.k8s.main import build_state, parse_args
 from tests.unit.factories import cluster, job, observe, spec, started, status, store, worker
 
 DEFAULT = "registry.example.com/etj-trainer:9.9.9"

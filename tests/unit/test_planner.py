@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus, Phase
-from etj_operator.planner import JobView, Observed, Plan, plan
-from etj_operator.signals import Reason, Signal
+from etj_operator.decide.planner import JobView, Observed, Plan, plan
+from etj_operator.observe.signals import Reason, Signal
 from tests.unit.factories import (
     NOW,
     cluster,

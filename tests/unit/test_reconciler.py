@@ -14,10 +14,10 @@ from typing import Any
 
 from kubernetes import client
 
-from etj_operator.kube import Kube
-from etj_operator.nodepools import NodeInfo
-from etj_operator.podstate import PodInfo
-from etj_operator.reconciler import JobRunner, Settings
+from etj_operator.k8s.client import Kube
+from etj_operator.k8s.reconciler import JobRunner, Settings
+from etj_operator.observe.nodes import NodeInfo
+from etj_operator.observe.pods import PodInfo
 from tests.unit.factories import worker
 
 

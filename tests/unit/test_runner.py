@@ -10,9 +10,9 @@ import kopf
 import pytest
 from kopf._core.intents.causes import Activity  # not re-exported by kopf
 
-from etj_operator import handlers
 from etj_operator.api.models import CapacityType
-from etj_operator.runner import _rules, build_state, parse_args
+from etj_operator.k8s import handlers
+from etj_operator.k8s.main import _rules, build_state, parse_args
 
 
 def test_custom_registry_has_a_login_handler() -> None:

@@ -6,8 +6,8 @@ from datetime import timedelta
 from typing import Any
 
 from etj_operator.api.models import ResizeEvent
-from etj_operator.planner import plan
-from etj_operator.status import merge_resizes
+from etj_operator.decide.job_status import merge_resizes
+from etj_operator.decide.planner import plan
 from tests.unit.factories import NOW, cluster, job, observe, started, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from etj_operator.localcluster.errors import ClusterError
+from etj_testbed.localcluster.errors import ClusterError
 
 TOOLCHAIN_DIR = Path(__file__).with_name("toolchain")
 KUBERNETES_VERSION = "v1.36.3"

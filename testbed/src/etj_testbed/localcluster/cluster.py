@@ -24,16 +24,16 @@ from pathlib import Path
 
 import yaml
 
-from etj_operator.localcluster import toolchain
-from etj_operator.localcluster.components import (
+from etj_testbed.localcluster import toolchain
+from etj_testbed.localcluster.components import (
     DEFAULT_PORT_BASE,
     Component,
     Layout,
     components,
     ports_from_base,
 )
-from etj_operator.localcluster.errors import ClusterError
-from etj_operator.localcluster.pki import LocalPKI, Pair
+from etj_testbed.localcluster.errors import ClusterError
+from etj_testbed.localcluster.pki import LocalPKI, Pair
 
 READY_TIMEOUT_S = 90.0
 STOP_GRACE_S = 10.0

@@ -18,11 +18,11 @@ from etj_operator.api.models import (
     ElasticTrainingJobStatus,
     Phase,
 )
-from etj_operator.nodepools import NodeInfo, fits
-from etj_operator.podstate import PodInfo
-from etj_operator.signals import INTERRUPTIONS, Reason, Signal
-from etj_operator.status import StatusInputs, build_status
-from etj_operator.workload import capacity_tolerations
+from etj_operator.decide.job_status import StatusInputs, build_status
+from etj_operator.decide.workload import capacity_tolerations
+from etj_operator.observe.nodes import NodeInfo, fits
+from etj_operator.observe.pods import PodInfo
+from etj_operator.observe.signals import INTERRUPTIONS, Reason, Signal
 
 # A pod bound to a node the index has never seen is only "on a deleted node" after this long: watches
 # of different resources are not ordered, so a fresh node may reach us after the pod bound to it.

@@ -23,12 +23,12 @@ from kubernetes import client, config
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.constants import LABEL_JOB
-from etj_operator.kube import Kube
-from etj_operator.metrics import METRICS
-from etj_operator.nodepools import DEFAULT_RULES, CapacityRules, NodeInfo, node_info
-from etj_operator.podstate import TERMINAL_PHASES, PodInfo, countable_requests, pod_info
-from etj_operator.reconciler import Registry, Settings
-from etj_operator.signals import Signal
+from etj_operator.k8s.client import Kube
+from etj_operator.k8s.metrics import METRICS
+from etj_operator.k8s.reconciler import Registry, Settings
+from etj_operator.observe.nodes import DEFAULT_RULES, CapacityRules, NodeInfo, node_info
+from etj_operator.observe.pods import TERMINAL_PHASES, PodInfo, countable_requests, pod_info
+from etj_operator.observe.signals import Signal
 from etj_operator.timeutil import utcnow
 
 log = logging.getLogger(__name__)

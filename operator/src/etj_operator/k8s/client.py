@@ -20,7 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.constants import PROGRESS_PORT
-from etj_operator.metrics import METRICS, Metrics
+from etj_operator.k8s.metrics import METRICS, Metrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from etj_operator.localcluster import toolchain
-from etj_operator.localcluster.pki import SERVICE_CIDR
+from etj_testbed.localcluster import toolchain
+from etj_testbed.localcluster.pki import SERVICE_CIDR
 
 # Offsets from the port base (ETJ_CLUSTER_PORT_BASE, default 16400): apiserver on 16443 by default.
 PORT_OFFSETS = {

@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import kopf
 
-from etj_operator import handlers
 from etj_operator.api.models import CapacityType
-from etj_operator.metrics import serve
-from etj_operator.nodepools import CapacityRules
-from etj_operator.reconciler import Settings
-from etj_operator.workload import DEFAULT_WORKER_GRACE_SECONDS
+from etj_operator.decide.workload import DEFAULT_WORKER_GRACE_SECONDS
+from etj_operator.k8s import handlers
+from etj_operator.k8s.metrics import serve
+from etj_operator.k8s.reconciler import Settings
+from etj_operator.observe.nodes import CapacityRules
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from etj_operator.constants import LABEL_JOB, LABEL_ROLE, LABEL_SLOT
+from etj_operator.observe.signals import Signal, pod_signal
 from etj_operator.quantity import parse_count
-from etj_operator.signals import Signal, pod_signal
 from etj_operator.timeutil import parse_time
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

@@ -13,7 +13,8 @@ from pathlib import Path
 from kubernetes.client.rest import ApiException
 
 from etj_operator.api.models import CapacityType
-from etj_operator.demo import (
+from etj_operator.observe.nodes import DEFAULT_RULES, CapacityRules, node_info
+from etj_testbed.demo.run import (
     CRD_PATH,
     GROUP_PATH,
     INSTANCE,
@@ -23,8 +24,7 @@ from etj_operator.demo import (
     Script,
     add_validation_data,
 )
-from etj_operator.localcluster.proclet_kube import MERGE
-from etj_operator.nodepools import DEFAULT_RULES, CapacityRules, node_info
+from etj_testbed.localcluster.proclet_kube import MERGE
 
 
 class ClusterDemo(Demo):

@@ -27,13 +27,13 @@ from typing import Any
 import yaml
 
 from etj_operator.constants import PROGRESS_PORT, RDZV_PORT
-from etj_operator.demo_view import Live, logged_accuracy, write_timeline
-from etj_operator.localcluster import toolchain
-from etj_operator.localcluster.proclet import start_subprocess
-from etj_operator.localcluster.proclet_kube import MERGE, Kube
-from etj_operator.localcluster.proclet_nodes import INSTANCE_LABEL, process_node, selector_for
+from etj_testbed.demo.view import Live, logged_accuracy, write_timeline
+from etj_testbed.localcluster import toolchain
+from etj_testbed.localcluster.proclet import start_subprocess
+from etj_testbed.localcluster.proclet_kube import MERGE, Kube
+from etj_testbed.localcluster.proclet_nodes import INSTANCE_LABEL, process_node, selector_for
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 GROUP_PATH = "/apis/etj.dev/v1alpha1"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/elastictrainingjobs.etj.dev"
 SPOT_ITN = "aws-node-termination-handler/spot-itn"
@@ -375,7 +375,7 @@ def run_demo(argv: list[str]) -> int:
         )
         return 2
     if args.kubeconfig is None:
-        from etj_operator.localcluster.cluster import LocalCluster
+        from etj_testbed.localcluster.cluster import LocalCluster
 
         print("starting the local control plane (first run builds it; see README)…", file=sys.stderr)
         args.kubeconfig = LocalCluster.named().up()
@@ -383,7 +383,7 @@ def run_demo(argv: list[str]) -> int:
     base = args.shared_dir / "demo" if installed and args.shared_dir else toolchain.cache_root() / "demo"
     run_dir = args.run_dir or base / stamp
 
-    from etj_operator.demo_cluster import make_demo  # it imports this module
+    from etj_testbed.demo.cluster import make_demo  # it imports this module
 
     def demo(namespace: str, run: Path, job: JSON, script: Script, instance: str) -> Demo:
         return make_demo(

@@ -20,14 +20,14 @@ from typing import Any, Protocol, cast
 import kopf
 from pydantic import ValidationError
 
-from etj_operator import workload
 from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
-from etj_operator.kube import Kube
-from etj_operator.metrics import METRICS
-from etj_operator.nodepools import NodeInfo
-from etj_operator.planner import JobView, Observed, Plan, plan
-from etj_operator.podstate import PodInfo
+from etj_operator.decide import workload
+from etj_operator.decide.planner import JobView, Observed, Plan, plan
+from etj_operator.k8s.client import Kube
+from etj_operator.k8s.metrics import METRICS
+from etj_operator.observe.nodes import NodeInfo
+from etj_operator.observe.pods import PodInfo
 from etj_operator.timeutil import utcnow
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from etj_operator.constants import (
     ROLE_RENDEZVOUS,
     ROLE_WORKER,
 )
-from etj_operator.nodepools import CAPACITY_LABELS, SPOT_TAINT_TOLERATIONS
+from etj_operator.observe.nodes import CAPACITY_LABELS, SPOT_TAINT_TOLERATIONS
 
 # Grace period for a drained worker: long enough for a just-in-time checkpoint, shorter than the
 # 120 s AWS spot notice so the pod is gone before the node is. The spec has no field for it (yet);

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from etj_operator.demo import DemoResult
+    from etj_testbed.demo.run import DemoResult
 
 JSON = dict[str, Any]
 

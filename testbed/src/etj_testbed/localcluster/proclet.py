@@ -17,7 +17,7 @@ mounts are not performed. Names: a `<svc>.<ns>.svc[.cluster.local]` in env value
 an endpoint IP of that Service before the process starts (there is no cluster DNS on loopback); pods
 reach each other by pod IP. Readiness probes (tcpSocket, httpGet) run; liveness/startup probes do not.
 
-Run it with `python -m etj_operator.localcluster.proclet --kubeconfig K`, or `Proclet(...).start()` /
+Run it with `python -m etj_testbed.localcluster.proclet --kubeconfig K`, or `Proclet(...).start()` /
 `start_subprocess(...)` from tests and the demo.
 """
 
@@ -37,10 +37,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from etj_operator.localcluster import toolchain
-from etj_operator.localcluster.proclet_env import DEFAULT_POD_NETWORK, LoopbackIPs, service_endpoint
-from etj_operator.localcluster.proclet_kube import Gone, Kube, delete_pod
-from etj_operator.localcluster.proclet_nodes import (
+from etj_testbed.localcluster import toolchain
+from etj_testbed.localcluster.proclet_env import DEFAULT_POD_NETWORK, LoopbackIPs, service_endpoint
+from etj_testbed.localcluster.proclet_kube import Gone, Kube, delete_pod
+from etj_testbed.localcluster.proclet_nodes import (
     INSTANCE_LABEL,
     NODE_RUNTIME_LABEL,
     NODE_RUNTIME_PROCESS,
@@ -49,8 +49,8 @@ from etj_operator.localcluster.proclet_nodes import (
     renew_lease,
     selector_for,
 )
-from etj_operator.localcluster.proclet_pod import PodRunner, RunnerContext
-from etj_operator.localcluster.proclet_proc import iter_pids_with_marker, reap_marked
+from etj_testbed.localcluster.proclet_pod import PodRunner, RunnerContext
+from etj_testbed.localcluster.proclet_proc import iter_pids_with_marker, reap_marked
 
 __all__ = [
     "INSTANCE_LABEL",
@@ -370,7 +370,7 @@ def start_subprocess(
     argv = [
         sys.executable,
         "-m",
-        "etj_operator.localcluster.proclet",
+        "etj_testbed.localcluster.proclet",
         "--kubeconfig",
         str(kubeconfig),
         "--selector",
@@ -388,7 +388,7 @@ def start_subprocess(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m etj_operator.localcluster.proclet",
+        prog="python -m etj_testbed.localcluster.proclet",
         description="run pods bound to process-backed nodes as local processes",
     )
     parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))

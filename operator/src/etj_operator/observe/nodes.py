@@ -13,8 +13,8 @@ from typing import Any
 
 from etj_operator.api.models import CapacityType
 from etj_operator.constants import LABEL_CAPACITY_OVERRIDE, LABEL_POOL_OVERRIDE
+from etj_operator.observe.signals import Signal, node_signal
 from etj_operator.quantity import parse_count
-from etj_operator.signals import Signal, node_signal
 from etj_operator.timeutil import parse_time
 
 # (label key, label value) → capacity type, checked in order after the override label. Values are matched

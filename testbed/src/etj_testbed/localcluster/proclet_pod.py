@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from kubernetes.client.rest import ApiException
 
-from etj_operator.localcluster.proclet_env import (
+from etj_testbed.localcluster.proclet_env import (
     DataLookup,
     LoopbackIPs,
     ServiceLookup,
@@ -31,9 +31,9 @@ from etj_operator.localcluster.proclet_env import (
     service_names,
     substitute_services,
 )
-from etj_operator.localcluster.proclet_kube import Kube, delete_pod, now_rfc3339, pod_path
-from etj_operator.localcluster.proclet_proc import MARK_POD, MARK_ROOT, env_name, killpg, probe, reap_marked
-from etj_operator.localcluster.proclet_status import ContainerRun, pod_status
+from etj_testbed.localcluster.proclet_kube import Kube, delete_pod, now_rfc3339, pod_path
+from etj_testbed.localcluster.proclet_proc import MARK_POD, MARK_ROOT, env_name, killpg, probe, reap_marked
+from etj_testbed.localcluster.proclet_status import ContainerRun, pod_status
 
 log = logging.getLogger("etj.proclet")
 

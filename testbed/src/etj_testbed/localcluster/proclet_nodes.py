@@ -7,9 +7,9 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from etj_operator.localcluster.nodes import fake_gpu_node
-from etj_operator.localcluster.proclet_kube import MERGE, Kube, now_micro, now_rfc3339
-from etj_operator.localcluster.toolchain import KUBERNETES_VERSION
+from etj_testbed.localcluster.nodes import fake_gpu_node
+from etj_testbed.localcluster.proclet_kube import MERGE, Kube, now_micro, now_rfc3339
+from etj_testbed.localcluster.toolchain import KUBERNETES_VERSION
 
 log = logging.getLogger("etj.proclet")
 
