@@ -10,7 +10,7 @@ import pytest
 import yaml
 from tests.plugins.cluster import Cluster
 
-from etj_testbed.localcluster.nodes import fake_gpu_node
+from etj_testbed.localcluster.fake_nodes import fake_gpu_node
 from etj_testbed.localcluster.toolchain import KUBERNETES_VERSION
 
 pytestmark = pytest.mark.cluster

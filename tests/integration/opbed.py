@@ -19,7 +19,7 @@ from typing import Any, cast
 from kubernetes import client
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_testbed.localcluster.nodes import fake_gpu_node
+from etj_testbed.localcluster.fake_nodes import fake_gpu_node
 from tests.plugins.cluster import Cluster
 
 TEST_LABEL = "etj.dev/test"

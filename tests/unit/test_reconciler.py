@@ -14,7 +14,7 @@ from typing import Any
 
 from kubernetes import client
 
-from etj_operator.k8s.client import Kube
+from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.reconciler import JobRunner, Settings
 from etj_operator.observe.nodes import NodeInfo
 from etj_operator.observe.pods import PodInfo
@@ -41,7 +41,7 @@ class StaticWorld:
 
 
 def _runner(world: StaticWorld) -> JobRunner:
-    return JobRunner("ns", "train", world, Kube(client.ApiClient()), Settings())
+    return JobRunner("ns", "train", world, KubeClient(client.ApiClient()), Settings())
 
 
 def test_created_pods_count_before_the_index_shows_them() -> None:
@@ -87,7 +87,7 @@ def test_fetch_progress_reads_the_store_endpoint() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     Thread(target=server.serve_forever, daemon=True).start()
-    kube = Kube(client.ApiClient())
+    kube = KubeClient(client.ApiClient())
 
     async def go() -> tuple[Any, Any]:
         try:

@@ -60,7 +60,7 @@ def free_port() -> int:
 
 
 @dataclass
-class LocalCluster:
+class LocalAgents:
     env: dict[str, str]
     log_dir: Path
     store: subprocess.Popen[bytes] | None = None
@@ -137,7 +137,7 @@ def run_local(
     }
     env.setdefault("ETJ_CHECKPOINT_DIR", str(log_dir / "checkpoints"))
     env.setdefault("ETJ_LOCAL_CHECKPOINT_DIR", f"/dev/shm/etj-local-{run_id}")
-    cluster = LocalCluster(env=env, log_dir=log_dir)
+    cluster = LocalAgents(env=env, log_dir=log_dir)
     pending = list(schedule)
     last: dict[str, object] = {}
     try:

@@ -35,7 +35,7 @@ def _drained(response: Any) -> bool:
     return True
 
 
-class Kube:
+class KubeClient:
     """Pod and Service calls pass ``_preload_content=False``: the client would otherwise turn every
     response into model objects, milliseconds of CPU per call that nobody reads, on the drain path."""
 

@@ -23,16 +23,16 @@ from kubernetes import client, config
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.constants import LABEL_JOB
-from etj_operator.k8s.client import Kube
+from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
-from etj_operator.k8s.reconciler import Registry, Settings
+from etj_operator.k8s.reconciler import JobRunners, Settings
 from etj_operator.observe.nodes import DEFAULT_RULES, CapacityRules, NodeInfo, node_info
 from etj_operator.observe.pods import TERMINAL_PHASES, PodInfo, countable_requests, pod_info
 from etj_operator.observe.signals import Signal
 from etj_operator.timeutil import utcnow
 
 log = logging.getLogger(__name__)
-REGISTRY = kopf.OperatorRegistry()
+KOPF_REGISTRY = kopf.OperatorRegistry()
 TOMBSTONE_TTL = timedelta(minutes=10)
 
 
@@ -82,7 +82,7 @@ class State:
         self.tombstones: dict[str, datetime] = {}
         self.first_seen: dict[tuple[str, str], datetime] = {}  # (node or pod, reason) → first observed
         self.node_state: dict[str, tuple[str | None, bool]] = {}  # node → (signal reason, schedulable)
-        self.registry: Registry | None = None
+        self.runners: JobRunners | None = None
 
     # World protocol (reconciler.World)
     def nodes(self) -> Mapping[str, NodeInfo]:
@@ -135,14 +135,14 @@ def _state(memo: Any) -> State:
 # loop-bound state (asyncio.Event.set() from another thread does not wake the waiting loop, so a kick
 # could sit unnoticed until the next timer) and dicts the job loops read. Async also saves a thread
 # hop per watch event on the drain path.
-@kopf.index("nodes", registry=REGISTRY)
+@kopf.index("nodes", registry=KOPF_REGISTRY)
 async def etj_nodes(name: str, body: kopf.Body, memo: Any, **_: Any) -> dict[str, NodeInfo]:
     state = _state(memo)
     info = node_info(body, state.rules)
     return {name: replace(info, signal=state.stamp(f"node/{name}", info.signal))}
 
 
-@kopf.index("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=REGISTRY)
+@kopf.index("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=KOPF_REGISTRY)
 async def etj_job_pods(
     namespace: str | None, name: str, body: kopf.Body, labels: Mapping[str, str], memo: Any, **_: Any
 ) -> dict[tuple[str, str], PodInfo]:
@@ -151,7 +151,7 @@ async def etj_job_pods(
     return {(namespace or "", labels[LABEL_JOB]): replace(info, signal=stamped)}
 
 
-@kopf.index("pods", registry=REGISTRY)
+@kopf.index("pods", registry=KOPF_REGISTRY)
 async def etj_node_usage(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, dict[str, int]] | None:
     node = spec.get("nodeName")
     if not node or status.get("phase") in TERMINAL_PHASES:
@@ -161,14 +161,14 @@ async def etj_node_usage(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict
 
 
 # --- lifecycle -----------------------------------------------------------------------------------
-@kopf.on.login(registry=REGISTRY)
+@kopf.on.login(registry=KOPF_REGISTRY)
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     # A custom registry does not get kopf's default login handlers: in-cluster first, then kubeconfig
     # (kopf's own parser, which reads $KUBECONFIG at call time).
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-@kopf.on.startup(registry=REGISTRY)
+@kopf.on.startup(registry=KOPF_REGISTRY)
 async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
     state = _state(memo)
     # Indices are live mappings; keep references so the job loops can read them between events.
@@ -180,7 +180,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     api = _api_client()
-    state.registry = Registry(state, Kube(api), state.settings)
+    state.runners = JobRunners(state, KubeClient(api), state.settings)
 
 
 def _api_client() -> client.ApiClient:
@@ -196,49 +196,49 @@ def _api_client() -> client.ApiClient:
     return client.ApiClient(cfg)
 
 
-@kopf.on.cleanup(registry=REGISTRY)
+@kopf.on.cleanup(registry=KOPF_REGISTRY)
 async def cleanup(memo: Any, **_: Any) -> None:
     state = _state(memo)
-    if state.registry is not None:
-        await state.registry.stop_all()
-        await state.registry.kube.close()
+    if state.runners is not None:
+        await state.runners.stop_all()
+        await state.runners.kube.close()
 
 
 # --- events that wake job loops -------------------------------------------------------------------
-@kopf.on.event(GROUP, VERSION, PLURAL, registry=REGISTRY)
+@kopf.on.event(GROUP, VERSION, PLURAL, registry=KOPF_REGISTRY)
 async def job_event(
     type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
 ) -> None:
-    registry = _state(memo).registry
-    if registry is None:
+    runners = _state(memo).runners
+    if runners is None:
         return
     if type == "DELETED":
-        await registry.remove(namespace or "", name)
+        await runners.remove(namespace or "", name)
     else:
-        registry.upsert(body)
+        runners.upsert(body)
 
 
-@kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=REGISTRY)
+@kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=KOPF_REGISTRY)
 async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
     METRICS.watch_events.labels("pods").inc()
-    registry = _state(memo).registry
-    if registry is not None:
-        registry.kick(namespace or "", labels[LABEL_JOB])
+    runners = _state(memo).runners
+    if runners is not None:
+        runners.kick(namespace or "", labels[LABEL_JOB])
 
 
-@kopf.on.event("nodes", registry=REGISTRY)
+@kopf.on.event("nodes", registry=KOPF_REGISTRY)
 async def node_event(type: str | None, name: str, body: kopf.Body, memo: Any, **_: Any) -> None:
     METRICS.watch_events.labels("nodes").inc()
     state = _state(memo)
-    registry = state.registry
-    if registry is None:
+    runners = state.runners
+    if runners is None:
         return
     if type == "DELETED":
         state.tombstones[name] = utcnow()
         state.node_state.pop(name, None)
         state.stamp(f"node/{name}", None)
         for ns, job in state.jobs_on_node(name):
-            registry.kick(ns, job)
+            runners.kick(ns, job)
         return
     state.tombstones.pop(name, None)
     info = state.nodes().get(name)
@@ -251,10 +251,10 @@ async def node_event(type: str | None, name: str, body: kopf.Body, memo: Any, **
         return  # heartbeats and label churn: nothing a plan depends on changed
     if info.signal is not None:
         for ns, job in state.jobs_on_node(name):
-            registry.kick(ns, job)
+            runners.kick(ns, job)
     elif info.schedulable:
         # New or recovered capacity: only jobs short of workers can use it.
-        for runner in registry:
+        for runner in runners:
             st = runner.status
             if st is None or (st.current_replicas or 0) < (st.desired_replicas or 0):
                 runner.kick.set()

@@ -121,7 +121,7 @@ async def operator(
         ThreadPoolExecutor(max_workers=64, thread_name_prefix="etj")
     )
     await kopf.operator(
-        registry=handlers.REGISTRY,
+        registry=handlers.KOPF_REGISTRY,
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace,

@@ -24,7 +24,7 @@ from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobSt
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
 from etj_operator.decide import workload
 from etj_operator.decide.planner import JobView, Observed, Plan, plan
-from etj_operator.k8s.client import Kube
+from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
 from etj_operator.observe.nodes import NodeInfo
 from etj_operator.observe.pods import PodInfo
@@ -56,7 +56,7 @@ class World(Protocol):
 
 
 class JobRunner:
-    def __init__(self, namespace: str, name: str, world: World, kube: Kube, settings: Settings) -> None:
+    def __init__(self, namespace: str, name: str, world: World, kube: KubeClient, settings: Settings) -> None:
         self.namespace, self.name = namespace, name
         self.world, self.kube, self.settings = world, kube, settings
         self.body: Mapping[str, Any] | None = None
@@ -277,10 +277,10 @@ class JobRunner:
                 self.kick.set()
 
 
-class Registry:
+class JobRunners:
     """The job runners, keyed by (namespace, name)."""
 
-    def __init__(self, world: World, kube: Kube, settings: Settings) -> None:
+    def __init__(self, world: World, kube: KubeClient, settings: Settings) -> None:
         self.world, self.kube, self.settings = world, kube, settings
         self.runners: dict[tuple[str, str], JobRunner] = {}
         self._stopping: set[asyncio.Task[None]] = set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 # Capacity-type labels as each provider writes them (see docs/operator.md).
-CAPACITY_LABELS: dict[str, dict[str, dict[str, str]]] = {
+PROVIDER_NODE_LABELS: dict[str, dict[str, dict[str, str]]] = {
     "eks": {
         "spot": {"eks.amazonaws.com/capacityType": "SPOT"},
         "on-demand": {"eks.amazonaws.com/capacityType": "ON_DEMAND"},
@@ -49,7 +49,7 @@ def fake_gpu_node(
                 "type": "kwok",
                 "etj.dev/pool": pool,
                 "nvidia.com/gpu.count": str(gpus),
-                **CAPACITY_LABELS[provider][capacity_type],
+                **PROVIDER_NODE_LABELS[provider][capacity_type],
                 **(labels or {}),
             },
         },
