@@ -1,6 +1,6 @@
 """Chaos bench: the spot demo's job survives >= 20 random events and still Succeeds with nothing lost.
 
-Reuses `etj_testbed.demo.run.Demo` (local control plane, operator subprocess, process-backed nodes, the CPU
+Reuses `etj_testbed.demo.local.Demo` (local control plane, operator subprocess, process-backed nodes, the CPU
 demo job `examples/demo-cpu.yaml`) with its own scripted interruption switched off, and injects a seeded
 random schedule of events instead, one every 8-15 s and only once the job has made progress since the last
 one:
@@ -39,7 +39,8 @@ from typing import Any
 
 import yaml
 
-from etj_testbed.demo.run import SPOT_ITN, Demo, Script
+from etj_testbed.demo.local import Demo
+from etj_testbed.demo.script import SPOT_ITN, Script
 from etj_testbed.demo.view import logged_accuracy
 
 REPO = Path(__file__).resolve().parents[1]

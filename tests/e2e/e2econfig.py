@@ -2,7 +2,7 @@
 
 - default (``ETJ_E2E_OPERATOR`` unset or ``local``): the local control plane (the `cluster` fixture), or the
   cluster of ``ETJ_E2E_KUBECONFIG``; either way the operator, the process-node harness and process-backed
-  nodes are started on this machine (`etj_testbed.demo.run.Demo`), as `etj demo` does;
+  nodes are started on this machine (`etj_testbed.demo.local.Demo`), as `etj demo` does;
 - ``ETJ_E2E_OPERATOR=installed``: the cluster of ``ETJ_E2E_KUBECONFIG`` (required) already runs the
   operator (the Helm chart) and has the nodes (kind's CPU workers labelled ``etj.dev/capacity-type``);
   nothing is started here and interruptions go through the API (`etj_testbed.demo.cluster.ClusterDemo`).
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from etj_testbed.demo.cluster import make_demo
-from etj_testbed.demo.run import Demo, Script
+from etj_testbed.demo.local import Demo
+from etj_testbed.demo.script import Script
 from etj_testbed.localcluster.toolchain import cache_root
 
 MODES = ("local", "installed")

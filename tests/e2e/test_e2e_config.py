@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from etj_operator.api.models import ElasticTrainingJob
-from etj_testbed.demo import run as demo_module
+from etj_testbed.demo import local as demo_module
 from etj_testbed.demo.cluster import ClusterDemo
-from etj_testbed.demo.run import SPOT_ITN, Demo, Script
+from etj_testbed.demo.local import Demo
+from etj_testbed.demo.script import SPOT_ITN, Script
 from etj_testbed.localcluster.fake_nodes import fake_gpu_node
 from etj_testbed.localcluster.proclet_nodes import INSTANCE_LABEL
 from tests.chart.test_workflows import E2E, heredoc, step

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from etj_testbed.demo.run import DemoResult, Script
+from etj_testbed.demo.script import DemoResult, Script
 from etj_testbed.demo.view import write_timeline
 from tests.e2e.e2econfig import E2EConfig
 

@@ -60,7 +60,7 @@ def cluster(argv: list[str]) -> int:
 
 def demo(argv: list[str]) -> int:
     """the end-to-end spot-interruption demo on the local cluster"""
-    from etj_testbed.demo.run import run_demo
+    from etj_testbed.demo.main import run_demo
 
     return run_demo(argv)
 

@@ -1,7 +1,7 @@
 """`ClusterDemo`: the demo's script on a cluster that already runs the operator and has real nodes.
 
 `etj demo --operator installed` and the e2e suite's installed mode (tests/e2e/e2econfig.py, the kind
-workflow) use it; `make_demo` picks it or the local `Demo` (demo.py).
+workflow) use it; `make_demo` picks it or the local `Demo` (local.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from kubernetes.client.rest import ApiException
 
 from etj_operator.api.models import CapacityType
 from etj_operator.observe.nodes import DEFAULT_RULES, CapacityRules, node_info
-from etj_testbed.demo.run import (
+from etj_testbed.demo.local import Demo
+from etj_testbed.demo.script import (
     CRD_PATH,
     GROUP_PATH,
     INSTANCE,
     JSON,
     SPOT_ITN,
-    Demo,
     Script,
     add_validation_data,
 )

@@ -7,10 +7,9 @@ import json
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from etj_testbed.demo.run import DemoResult
+from etj_testbed.demo.script import DemoResult
 
 JSON = dict[str, Any]
 
