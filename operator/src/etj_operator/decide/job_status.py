@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -25,12 +25,10 @@ from etj_operator.api.models import (
     ResizeEvent,
     set_condition,
 )
+from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.decide.workload import worker_selector
 from etj_operator.observe.signals import INTERRUPTIONS, Reason
 from etj_operator.timeutil import parse_time
-
-if TYPE_CHECKING:
-    from etj_operator.decide.planner import Drain, KubeEvent
 
 # A trainer-reported resize is the same event as one the operator recorded if the sizes match and
 # the times are this close (the trainer's time is when training resumed, after the rendezvous).
@@ -189,8 +187,6 @@ def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[Any]) -> li
 
 
 def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[KubeEvent]]:
-    from etj_operator.decide.planner import KubeEvent  # planner imports this module
-
     spec, now, gen = inp.spec, inp.now, inp.generation
     st = inp.prev.model_copy(deep=True)
     events: list[KubeEvent] = []

@@ -19,6 +19,7 @@ from etj_operator.api.models import (
     Phase,
 )
 from etj_operator.decide.job_status import StatusInputs, build_status
+from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.decide.workload import capacity_tolerations
 from etj_operator.observe.nodes import NodeInfo, fits
 from etj_operator.observe.pods import PodInfo
@@ -63,25 +64,6 @@ class Observed:
     deleted_nodes: Mapping[str, datetime] = field(default_factory=dict)  # tombstones from the node index
     progress: Mapping[str, Any] | None = None
     progress_time: datetime | None = None
-
-
-@dataclass(frozen=True)
-class Drain:
-    """Delete one pod gracefully (SIGTERM, then the pod's grace period) and say why."""
-
-    pod: str
-    reason: Reason
-    message: str
-    node: str | None = None
-    signal_since: datetime | None = None  # for the interruption → drain latency metric
-    role: str = "worker"
-
-
-@dataclass(frozen=True)
-class KubeEvent:
-    type: str  # Normal / Warning
-    reason: str
-    message: str
 
 
 @dataclass
