@@ -14,6 +14,7 @@ test: setup lint
 lint:
 	.venv/bin/ruff check operator/src trainer-image/src contract/src testbed/src tests bench
 	.venv/bin/mypy
+	.venv/bin/lint-imports  # the architecture contracts in pyproject.toml [tool.importlinter]
 
 crds:
 	.venv/bin/etj crd generate
