@@ -8,6 +8,7 @@ install it, has an `etj` without them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
@@ -17,9 +18,19 @@ PLUGIN_GROUP = "etj.commands"
 Command = Callable[[list[str]], int]
 
 
+def _importable(ep: EntryPoint) -> bool:
+    try:
+        return importlib.util.find_spec(ep.module) is not None
+    except ModuleNotFoundError:  # its package is absent: the operator image declares, not ships, the test bed
+        return False
+
+
 def plugins() -> dict[str, EntryPoint]:
-    """The installed packages' commands, by name: each entry point names a function `(argv) -> exit code`."""
-    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+    """The installed packages' commands, by name: each entry point names a function `(argv) -> exit code`.
+
+    The project's metadata declares the test bed's commands in every install; the operator image has no
+    test bed, so only the entry points whose module is there count."""
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP) if _importable(ep)}
 
 
 def _operator(rest: list[str]) -> int:
