@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from etj_contract import env as etj_env
+from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
 from etj_operator.api.models import (
     API_VERSION,
     KIND,
@@ -22,8 +24,6 @@ from etj_operator.constants import (
     LABEL_ROLE,
     LABEL_SLOT,
     MANAGED_BY,
-    PROGRESS_PORT,
-    RDZV_PORT,
     ROLE_RENDEZVOUS,
     ROLE_WORKER,
 )
@@ -167,31 +167,32 @@ def _restricted_pod() -> dict[str, Any]:
 def worker_env(
     spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, pod: str
 ) -> list[dict[str, Any]]:
-    """ETJ_* variables of docs/contract.md, then HOME, then the user's env (which cannot set ETJ_*)."""
+    """The variables of etj_contract.env.OPERATOR_SET, then HOME, then the user's env (no ETJ_* there)."""
     host = rendezvous_host(job, namespace)
     training = spec.training
-    values = {
-        "ETJ_JOB_NAME": job,
-        "ETJ_NAMESPACE": namespace,
-        "ETJ_WORKER_ID": pod,
-        "ETJ_RDZV_ENDPOINT": f"{host}:{RDZV_PORT}",
-        "ETJ_RDZV_ID": uid,
-        "ETJ_MIN_WORKERS": spec.replicas.min,
-        "ETJ_MAX_WORKERS": spec.replicas.max,
-        "ETJ_NPROC_PER_WORKER": spec.procs_per_worker,
-        "ETJ_GLOBAL_BATCH_SIZE": training.global_batch_size,
-        "ETJ_MICRO_BATCH_SIZE": training.micro_batch_size,
-        "ETJ_RESIZE_POLICY": training.resize_policy.value,
-        "ETJ_DSGD_RAMP_STEPS": training.dynamic_sgd.ramp_steps,
-        "ETJ_EPOCHS": training.epochs,
-        "ETJ_SEED": training.seed,
-        "ETJ_CHECKPOINT_DIR": spec.checkpoint.location,
-        "ETJ_CHECKPOINT_INTERVAL_STEPS": spec.checkpoint.interval_steps,
-        "ETJ_PROGRESS_URL": f"http://{host}:{PROGRESS_PORT}/progress",
-        # The root filesystem is read-only: caches go to the /tmp emptyDir.
-        "HOME": "/tmp",
+    values: dict[etj_env.Var[Any], object] = {
+        etj_env.JOB_NAME: job,
+        etj_env.NAMESPACE: namespace,
+        etj_env.WORKER_ID: pod,
+        etj_env.RDZV_ENDPOINT: f"{host}:{RDZV_PORT}",
+        etj_env.RDZV_ID: uid,
+        etj_env.MIN_WORKERS: spec.replicas.min,
+        etj_env.MAX_WORKERS: spec.replicas.max,
+        etj_env.NPROC_PER_WORKER: spec.procs_per_worker,
+        etj_env.GLOBAL_BATCH_SIZE: training.global_batch_size,
+        etj_env.MICRO_BATCH_SIZE: training.micro_batch_size,
+        etj_env.RESIZE_POLICY: training.resize_policy.value,
+        etj_env.DSGD_RAMP_STEPS: training.dynamic_sgd.ramp_steps,
+        etj_env.EPOCHS: training.epochs,
+        etj_env.SEED: training.seed,
+        etj_env.CHECKPOINT_DIR: spec.checkpoint.location,
+        etj_env.CHECKPOINT_INTERVAL_STEPS: spec.checkpoint.interval_steps,
+        etj_env.PROGRESS_URL: f"http://{host}:{PROGRESS_PORT}/progress",
     }
-    env: list[dict[str, Any]] = [{"name": k, "value": str(v)} for k, v in values.items()]
+    # Every variable the contract says the operator sets, in its order (a KeyError here: one is missing).
+    env: list[dict[str, Any]] = [{"name": v.name, "value": str(values[v])} for v in etj_env.OPERATOR_SET]
+    # The root filesystem is read-only: caches go to the /tmp emptyDir.
+    env.append({"name": "HOME", "value": "/tmp"})
     env += [e.to_dict() for e in spec.trainer.env]
     return env
 
@@ -330,8 +331,8 @@ def rendezvous_pod(
             {"name": "progress", "containerPort": PROGRESS_PORT},
         ],
         "env": [
-            {"name": "ETJ_JOB_NAME", "value": job},
-            {"name": "ETJ_NAMESPACE", "value": namespace},
+            {"name": etj_env.JOB_NAME.name, "value": job},
+            {"name": etj_env.NAMESPACE.name, "value": namespace},
             {"name": "HOME", "value": "/tmp"},
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},

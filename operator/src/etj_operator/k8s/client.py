@@ -18,8 +18,8 @@ import aiohttp
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from etj_contract.ports import PROGRESS_PORT
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_operator.constants import PROGRESS_PORT
 from etj_operator.k8s.metrics import METRICS, Metrics
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from etj_operator.constants import PROGRESS_PORT, RDZV_PORT
+from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
 from etj_testbed.demo.script import (
     GROUP_PATH,
     INSTANCE,
