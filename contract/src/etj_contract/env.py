@@ -41,12 +41,16 @@ class Var(Generic[T]):
     set_by: SetBy = SetBy.USER
     field: str | None = None  # the TrainConfig field it sets, if any
     flag: bool = False  # also an `etj-train local|train` flag, --<field>
-    default: str | None = None  # for variables no config class carries (read where they are used)
 
     def read(self, env: Mapping[str, str]) -> T | None:
-        """The parsed value from ``env``; unset and empty both mean the default (None: no value)."""
-        raw = env.get(self.name) or self.default
-        return None if raw is None else self.parse(raw)
+        """The parsed value from ``env``; None when unset or empty."""
+        raw = env.get(self.name)
+        return self.parse(raw) if raw else None
+
+    def get(self, env: Mapping[str, str], fallback: T) -> T:
+        """The parsed value, or ``fallback`` when the variable is unset (and has no default)."""
+        value = self.read(env)
+        return fallback if value is None else value
 
 
 def _var(
@@ -57,9 +61,8 @@ def _var(
     set_by: SetBy = SetBy.USER,
     field: str | None = None,
     flag: bool = False,
-    default: str | None = None,
 ) -> Var[T]:
-    return Var(f"ETJ_{name}", parse, meaning, set_by, field, flag, default)
+    return Var(f"ETJ_{name}", parse, meaning, set_by, field, flag)
 
 
 OP = SetBy.OPERATOR
@@ -149,19 +152,17 @@ LOCAL_CHECKPOINT_DIR = _var(
 SAMPLE_LOG_DIR = _var(
     "SAMPLE_LOG_DIR", Path, "log each rank's sample ids per step", field="sample_log_dir", flag=True
 )
-DATA_CACHE = _var(
-    "DATA_CACHE", Path, "where downloaded/converted datasets are cached", default="/tmp/etj-data"
-)
+DATA_CACHE = _var("DATA_CACHE", Path, "where converted datasets are cached (default /tmp/etj-data)")
 COLLECTIVE_TIMEOUT_S = _var(
-    "COLLECTIVE_TIMEOUT_S", int, "bound on a collective whose peer vanished, seconds", default="120"
+    "COLLECTIVE_TIMEOUT_S", int, "bound on a collective whose peer vanished, seconds (default 120)"
 )
-LOG_LEVEL = _var("LOG_LEVEL", str, "the elastic agent's log level", default="WARNING")
+LOG_LEVEL = _var("LOG_LEVEL", str, "the elastic agent's log level (default WARNING)")
 # The elastic agent (etj-train worker); docs/trainer.md explains each.
 LAST_CALL_TIMEOUT = _var("LAST_CALL_TIMEOUT", float, "seconds a round below max size waits for stragglers")
 RDZV_POLL_INTERVAL = _var("RDZV_POLL_INTERVAL", float, "seconds between rendezvous state polls")
 KEEP_ALIVE_INTERVAL = _var("KEEP_ALIVE_INTERVAL", int, "seconds between rendezvous keep-alives")
 FAST_RESTART = _var(
-    "FAST_RESTART", truthy, "0: plain torchrun behaviour (no forkserver, no explicit leave)", default="1"
+    "FAST_RESTART", truthy, "0: plain torchrun behaviour (no forkserver, no explicit leave); default on"
 )
 
 # ---- set by the agent for its workers ------------------------------------------------------------------

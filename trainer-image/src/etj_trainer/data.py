@@ -16,6 +16,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from etj_contract import env as etj_env
+
 MEAN, STD = 0.5, 0.25  # digits are grey scale; the same constants are used by the DALI path
 
 
@@ -56,7 +58,7 @@ def digits_tensor_source(split: str, dtype: torch.dtype = torch.float32) -> Tens
 
 
 def digits_cache_dir() -> Path:
-    return Path(os.environ.get("ETJ_DATA_CACHE", "/tmp/etj-data")) / "digits"
+    return etj_env.DATA_CACHE.get(os.environ, Path("/tmp/etj-data")) / "digits"
 
 
 def ensure_digits(image_size: int = 32) -> Path:
