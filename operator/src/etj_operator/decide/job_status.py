@@ -16,14 +16,19 @@ from pydantic import ValidationError
 
 from etj_operator.api.models import (
     MAX_RESIZE_HISTORY,
-    ConditionType,
     ElasticTrainingJobSpec,
     ElasticTrainingJobStatus,
     LastCheckpoint,
     Phase,
     Progress,
     ResizeEvent,
-    set_condition,
+)
+from etj_operator.decide.conditions import (
+    NO_TRAINER_IMAGE_MESSAGE,
+    ConditionReason,
+    JobFacts,
+    build_conditions,
+    ready_reason,
 )
 from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.decide.workload import worker_selector
@@ -58,19 +63,6 @@ class StatusInputs:
     usage_namespaces: tuple[str, ...] = ()  # namespaces whose pods' GPU use free_slots subtracts; (): all
 
 
-NO_TRAINER_IMAGE = "NoTrainerImage"
-NO_TRAINER_IMAGE_MESSAGE = (
-    "spec.trainer.image is not set and the operator has no default trainer image: set spec.trainer.image, "
-    "or the chart's trainer.image (etj operator run --default-trainer-image, ETJ_DEFAULT_TRAINER_IMAGE)"
-)
-
-
-PARTIAL_USAGE_NOTE = (
-    "counting only GPUs used by pods in the watched namespaces: the operator is namespaced, so GPUs that "
-    "pods of other namespaces use on the same nodes look free"
-)
-
-
 def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
     worker_drains = [d for d in inp.drains if d.role == "worker"]
     if inp.running > prev_running:
@@ -79,7 +71,9 @@ def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
         for drain in worker_drains:
             if drain.reason in preferred:
                 return drain.reason
-    return "WorkerLost"  # a worker stopped without anything we saw telling us why (e.g. deleted by hand)
+    return (
+        Reason.WORKER_LOST
+    )  # a worker stopped without anything we saw telling us why (e.g. deleted by hand)
 
 
 def _phase(inp: StatusInputs, resizing: bool) -> Phase:
@@ -251,88 +245,25 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     if phase in (Phase.SUCCEEDED, Phase.FAILED) and st.completion_time is None:
         st.completion_time = now
 
-    conds = list(st.conditions)
-    ready = phase in (Phase.RUNNING, Phase.RESIZING) and inp.rendezvous_running
-    if ready:
-        ready_reason, ready_msg = (
-            "MinWorkersRunning",
-            f"{inp.running} of {spec.replicas.min}..{spec.replicas.max} workers running",
-        )
-    elif phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED):
-        ready_reason, ready_msg = str(phase), f"job is {phase}"
-    elif inp.trainer_image is None:
-        ready_reason, ready_msg = NO_TRAINER_IMAGE, NO_TRAINER_IMAGE_MESSAGE
-        prev_ready = next((c for c in inp.prev.conditions if c.type == ConditionType.READY), None)
-        if prev_ready is None or prev_ready.reason != NO_TRAINER_IMAGE:
-            events.append(KubeEvent("Warning", NO_TRAINER_IMAGE, NO_TRAINER_IMAGE_MESSAGE))
-    elif not inp.rendezvous_running:
-        ready_reason, ready_msg = "RendezvousNotRunning", "the rendezvous store pod is not running yet"
-    else:
-        ready_reason, ready_msg = (
-            "WaitingForWorkers",
-            f"{inp.running} of at least {spec.replicas.min} workers running",
-        )
-    conds = set_condition(conds, ConditionType.READY, ready, ready_reason, ready_msg, generation=gen, now=now)
-    if resizing:
-        why = str(worker_drains[0].reason) if worker_drains else "WorkersTerminating"
-        conds = set_condition(
-            conds,
-            ConditionType.RESIZING,
-            True,
-            why,
-            "; ".join(d.message for d in worker_drains) or "waiting for drained workers to exit",
-            generation=gen,
-            now=now,
-        )
-    else:
-        conds = set_condition(conds, ConditionType.RESIZING, False, "Stable", "", generation=gen, now=now)
-    conds = set_condition(
-        conds,
-        ConditionType.SUSPENDED,
-        inp.suspended,
-        "SuspendedByUser" if inp.suspended else "NotSuspended",
-        "",
-        generation=gen,
-        now=now,
+    facts = JobFacts(
+        phase=phase,
+        running=inp.running,
+        min_workers=spec.replicas.min,
+        max_workers=spec.replicas.max,
+        rendezvous_running=inp.rendezvous_running,
+        has_trainer_image=inp.trainer_image is not None,
+        suspended=inp.suspended,
+        resizing=resizing,
+        drain_reason=str(worker_drains[0].reason) if worker_drains else None,
+        drain_messages="; ".join(d.message for d in worker_drains),
+        failures=inp.failures,
+        max_failures=spec.failure_policy.max_failures,
+        free_slots=inp.free_slots,
+        partial_usage=bool(inp.usage_namespaces),
     )
-    conds = set_condition(
-        conds,
-        ConditionType.SUCCEEDED,
-        phase == Phase.SUCCEEDED,
-        "TrainingFinished" if phase == Phase.SUCCEEDED else "NotFinished",
-        "",
-        generation=gen,
-        now=now,
-    )
-    conds = set_condition(
-        conds,
-        ConditionType.FAILED,
-        phase == Phase.FAILED,
-        "FailureBudgetExhausted" if phase == Phase.FAILED else "WithinFailureBudget",
-        f"{inp.failures}/{spec.failure_policy.max_failures} worker failures",
-        generation=gen,
-        now=now,
-    )
-    if inp.free_slots is None:
-        enough, capacity_msg = (
-            True,
-            f"{inp.running} workers running, at least replicas.min ({spec.replicas.min})",
-        )
-    else:
-        reachable = inp.running + inp.free_slots
-        enough = reachable >= spec.replicas.min
-        room = min(reachable, spec.replicas.max)
-        capacity_msg = f"room for {room} of {spec.replicas.min}..{spec.replicas.max} workers"
-        if inp.usage_namespaces:
-            capacity_msg += f" ({PARTIAL_USAGE_NOTE})"
-    conds = set_condition(
-        conds,
-        ConditionType.CAPACITY_AVAILABLE,
-        enough,
-        "EnoughCapacity" if enough else "InsufficientCapacity",
-        capacity_msg,
-        generation=gen,
-        now=now,
-    )
+    conds = build_conditions(st.conditions, facts, generation=gen, now=now)
+    no_image = ConditionReason.NO_TRAINER_IMAGE
+    if ready_reason(conds) == no_image and ready_reason(inp.prev.conditions) != no_image:
+        events.append(KubeEvent("Warning", no_image, NO_TRAINER_IMAGE_MESSAGE))
     st.conditions = conds
     return st, events

@@ -30,6 +30,7 @@ class Reason(StrEnum):
     POD_DISRUPTED = "PodDisrupted"  # DisruptionTarget condition set by kubelet/taint manager/preemption
     WORKER_FAILED = "WorkerFailed"
     CAPACITY_ADDED = "CapacityAdded"
+    WORKER_LOST = "WorkerLost"  # a worker stopped and nothing we saw said why (e.g. deleted by hand)
     SCALED_BY_USER = "ScaledByUser"
     EXCESS_WORKER = "ExcessWorker"
     SUSPENDED = "Suspended"
