@@ -65,7 +65,8 @@ SHORT_NAMES = ["etj"]
 CATEGORIES = ["training"]
 
 MAX_REPLICAS = 1024
-# Worker pod names are "<job>-w-<5 chars>" and the job name is a label value (63 chars max).
+# The job name is a label value and prefixes its pods' and Service's names ("<job>-worker-<slot>",
+# "<job>-rdzv"), all capped at 63 characters: 48 leaves room for the longest suffix ("-worker-1023").
 MAX_JOB_NAME = 48
 
 
