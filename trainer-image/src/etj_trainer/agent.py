@@ -294,7 +294,7 @@ def run_agent(cfg: AgentConfig) -> int:
             # external, every worker has passed the trainer's final barrier, and after an in-process
             # leave the round's size is stale (the barrier would wait its full timeout for a departed node).
             if not cfg.external_store:
-                super()._exit_barrier()
+                super()._exit_barrier()  # type: ignore[no-untyped-call]  # torch's, untyped
 
     spec = WorkerSpec(
         role="trainer",
