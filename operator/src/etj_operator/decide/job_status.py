@@ -180,6 +180,27 @@ def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[Any]) -> li
     return out[-MAX_RESIZE_HISTORY:]
 
 
+def _facts(inp: StatusInputs, phase: Phase, resizing: bool, worker_drains: Sequence[Drain]) -> JobFacts:
+    """What the condition rules look at, from this round's inputs."""
+    spec = inp.spec
+    return JobFacts(
+        phase=phase,
+        running=inp.running,
+        min_workers=spec.replicas.min,
+        max_workers=spec.replicas.max,
+        rendezvous_running=inp.rendezvous_running,
+        has_trainer_image=inp.trainer_image is not None,
+        suspended=inp.suspended,
+        resizing=resizing,
+        drain_reason=str(worker_drains[0].reason) if worker_drains else None,
+        drain_messages="; ".join(d.message for d in worker_drains),
+        failures=inp.failures,
+        max_failures=spec.failure_policy.max_failures,
+        free_slots=inp.free_slots,
+        partial_usage=bool(inp.usage_namespaces),
+    )
+
+
 def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[KubeEvent]]:
     spec, now, gen = inp.spec, inp.now, inp.generation
     st = inp.prev.model_copy(deep=True)
@@ -245,22 +266,7 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     if phase in (Phase.SUCCEEDED, Phase.FAILED) and st.completion_time is None:
         st.completion_time = now
 
-    facts = JobFacts(
-        phase=phase,
-        running=inp.running,
-        min_workers=spec.replicas.min,
-        max_workers=spec.replicas.max,
-        rendezvous_running=inp.rendezvous_running,
-        has_trainer_image=inp.trainer_image is not None,
-        suspended=inp.suspended,
-        resizing=resizing,
-        drain_reason=str(worker_drains[0].reason) if worker_drains else None,
-        drain_messages="; ".join(d.message for d in worker_drains),
-        failures=inp.failures,
-        max_failures=spec.failure_policy.max_failures,
-        free_slots=inp.free_slots,
-        partial_usage=bool(inp.usage_namespaces),
-    )
+    facts = _facts(inp, phase, resizing, worker_drains)
     conds = build_conditions(st.conditions, facts, generation=gen, now=now)
     no_image = ConditionReason.NO_TRAINER_IMAGE
     if ready_reason(conds) == no_image and ready_reason(inp.prev.conditions) != no_image:

@@ -171,6 +171,11 @@ def _free_slots(pods: Sequence[PodInfo], count: int) -> list[int]:
 
 
 def plan(job: JobView, obs: Observed) -> Plan:
+    """One reconcile's decisions, in the order they depend on each other (numbered steps below).
+
+    Longer than our ~80-line rule on purpose: each numbered step reads the drains and counts the steps
+    before it settled, and split into functions they would pass a dozen locals back and forth.
+    """
     spec, prev = job.spec, job.status
     now = obs.now
     out = Plan()

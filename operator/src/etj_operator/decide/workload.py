@@ -228,19 +228,19 @@ def _image(spec: ElasticTrainingJobSpec, image: str | None) -> str:
     return resolved
 
 
-def worker_pod(
-    spec: ElasticTrainingJobSpec,
-    *,
-    job: str,
-    namespace: str,
-    uid: str,
-    slot: int,
-    grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
-    image: str | None = None,
+def _pod(
+    name: str, namespace: str, pod_labels: dict[str, str], owner: dict[str, Any], spec: dict[str, Any]
 ) -> dict[str, Any]:
-    """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image)."""
-    name = worker_name(job, slot)
-    placement = spec.placement
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": pod_labels, "ownerReferences": [owner]},
+        "spec": spec,
+    }
+
+
+def _worker_storage(spec: ElasticTrainingJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The worker's volumes and their mounts: /tmp, /dev/shm, checkpoints, then the user's."""
     shm: dict[str, Any] = {"medium": "Memory"}
     if spec.trainer.resources.shm_size is not None:
         shm["sizeLimit"] = str(spec.trainer.resources.shm_size)
@@ -272,6 +272,23 @@ def worker_pod(
         # state from a peer (docs/trainer.md), since nothing outlives the pod.
         volumes.append({"name": "etj-checkpoints", "emptyDir": {}})
         mounts.append({"name": "etj-checkpoints", "mountPath": spec.checkpoint.path})
+    return volumes, mounts
+
+
+def worker_pod(
+    spec: ElasticTrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    uid: str,
+    slot: int,
+    grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
+    image: str | None = None,
+) -> dict[str, Any]:
+    """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image)."""
+    name = worker_name(job, slot)
+    placement = spec.placement
+    volumes, mounts = _worker_storage(spec)
     container: dict[str, Any] = {
         "name": "trainer",
         "image": _image(spec, image),
@@ -303,17 +320,7 @@ def worker_pod(
     affinity = capacity_affinity(placement.capacity_types, placement.affinity)
     if affinity:
         pod_spec["affinity"] = affinity
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": pod_labels,
-            "ownerReferences": [owner_reference(job, uid)],
-        },
-        "spec": pod_spec,
-    }
+    return _pod(name, namespace, pod_labels, owner_reference(job, uid), pod_spec)
 
 
 def rendezvous_pod(
@@ -356,17 +363,8 @@ def rendezvous_pod(
     affinity = capacity_affinity(rdzv.capacity_types)
     if affinity:
         pod_spec["affinity"] = affinity
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": rendezvous_name(job),
-            "namespace": namespace,
-            "labels": labels(job, ROLE_RENDEZVOUS),
-            "ownerReferences": [owner_reference(job, uid)],
-        },
-        "spec": pod_spec,
-    }
+    pod_labels = labels(job, ROLE_RENDEZVOUS)
+    return _pod(rendezvous_name(job), namespace, pod_labels, owner_reference(job, uid), pod_spec)
 
 
 def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
