@@ -324,7 +324,17 @@ def rendezvous_pod(
         "name": "store",
         "image": _image(spec, image),
         "imagePullPolicy": spec.trainer.image_pull_policy.value,
-        "command": ["etj-train", "store", "--port", str(RDZV_PORT), "--http-port", str(PROGRESS_PORT)],
+        # Its own address only: process-backed pods (the local bed) share one machine's network.
+        "command": [
+            "etj-train",
+            "store",
+            "--host",
+            "$(POD_IP)",
+            "--port",
+            str(RDZV_PORT),
+            "--http-port",
+            str(PROGRESS_PORT),
+        ],
         "ports": [
             {"name": "rdzv", "containerPort": RDZV_PORT},
             {"name": "progress", "containerPort": PROGRESS_PORT},
@@ -333,6 +343,7 @@ def rendezvous_pod(
             {"name": "ETJ_JOB_NAME", "value": job},
             {"name": "ETJ_NAMESPACE", "value": namespace},
             {"name": "HOME", "value": "/tmp"},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {"tcpSocket": {"port": RDZV_PORT}, "periodSeconds": 2},
