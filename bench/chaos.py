@@ -268,7 +268,7 @@ def main(argv: list[str]) -> int:
         kubeconfig = cluster.up()
         # The demo's own interruption: off. Another job's rendezvous store on this machine holds ports
         # 29400/29401 (shared host network): wait up to 10 min for it.
-        script = Script(interrupt_epoch=10**6, timeout_s=args.timeout, ports_wait_s=600)
+        script = Script(interrupt_epoch=10**6, timeout_s=args.timeout)
         demo = ChaosDemo(kubeconfig, "etj-chaos", run_dir, manifest, script, instance="chaos", chaos=chaos)
         demo.start()
         result = demo.run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from etj_contract.progress import ResizeRecord
 from etj_operator.api.models import ResizeEvent
 from etj_operator.decide.job_status import merge_resizes
 from etj_operator.decide.planner import plan
@@ -59,6 +60,10 @@ def _ev(seconds: int, frm: int, to: int, reason: str = "", pause: float | None =
     )
 
 
+def _records(raw: list[dict[str, Any]]) -> list[ResizeRecord]:
+    return [r for r in map(ResizeRecord.from_json, raw) if r is not None]
+
+
 def test_trainer_resize_enriches_the_operator_record_once() -> None:
     ours = [_ev(0, 4, 3, "SpotInterruption")]
     reported = [
@@ -71,16 +76,16 @@ def test_trainer_resize_enriches_the_operator_record_once() -> None:
             "stepsLost": 3,
         }
     ]
-    merged = merge_resizes(ours, reported)
+    merged = merge_resizes(ours, _records(reported))
     assert len(merged) == 1
     assert (merged[0].reason, merged[0].pause_seconds, merged[0].steps_lost) == ("SpotInterruption", 18.5, 3)
-    assert merge_resizes(merged, reported) == merged  # idempotent on the next poll
+    assert merge_resizes(merged, _records(reported)) == merged  # idempotent on the next poll
 
 
 def test_unmatched_trainer_resize_is_appended_in_time_order() -> None:
     merged = merge_resizes(
         [_ev(100, 4, 3, "SpotInterruption")],
-        [{"time": NOW.isoformat(), "from": 3, "to": 4, "reason": "CapacityAdded"}],
+        _records([{"time": NOW.isoformat(), "from": 3, "to": 4, "reason": "CapacityAdded"}]),
     )
     assert [e.to for e in merged] == [4, 3]
 

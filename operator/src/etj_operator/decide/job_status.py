@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_operator.api.models import (
     MAX_RESIZE_HISTORY,
     ElasticTrainingJobSpec,
@@ -89,9 +90,15 @@ def _phase(inp: StatusInputs, resizing: bool) -> Phase:
 
 
 def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: datetime | None) -> None:
-    """Copy the trainer's progress JSON (docs/contract.md) into status; ignore fields that do not parse."""
+    """Copy the trainer's progress document (etj_contract.progress) into status; drop what does not parse."""
+    doc = ProgressDoc.from_json(dict(data))
     fields = {
-        k: data.get(k) for k in ("epoch", "step", "samplesSeen", "samplesPerSecond", "loss", "accuracy")
+        "epoch": doc.epoch,
+        "step": doc.step,
+        "samplesSeen": doc.samples_seen,
+        "samplesPerSecond": doc.samples_per_second,
+        "loss": doc.loss,
+        "accuracy": doc.accuracy,
     }
     try:
         progress = Progress.model_validate({k: v for k, v in fields.items() if v is not None})
@@ -99,26 +106,22 @@ def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: d
         st.progress = progress
     except ValidationError:
         pass
-    for key, attr in (
-        ("worldSize", "world_size"),
-        ("perWorkerBatch", "per_worker_batch"),
-        ("accumulationSteps", "accumulation_steps"),
-        ("lrMultiplier", "lr_multiplier"),
+    for value, attr in (
+        (doc.world_size, "world_size"),
+        (doc.per_worker_batch, "per_worker_batch"),
+        (doc.accumulation_steps, "accumulation_steps"),
+        (doc.lr_multiplier, "lr_multiplier"),
     ):
-        value = data.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            setattr(st, attr, int(value) if attr != "lr_multiplier" else float(value))
-    ckpt = data.get("lastCheckpoint")
-    if isinstance(ckpt, Mapping):
+        if value is not None and value >= 0:
+            setattr(st, attr, value)
+    if doc.last_checkpoint is not None:
         with contextlib.suppress(ValidationError):
-            st.last_checkpoint = LastCheckpoint.model_validate(dict(ckpt))
-    resizes = data.get("resizes")
-    if isinstance(resizes, list):
-        st.resize_history = merge_resizes(st.resize_history, resizes)
+            st.last_checkpoint = LastCheckpoint.model_validate(doc.last_checkpoint)
+    st.resize_history = merge_resizes(st.resize_history, doc.resizes)
 
 
-# Reasons the trainer puts in its own resize reports (trainer.py); the operator's reasons say *why*.
-TRAINER_REASONS = frozenset({"scale-up", "scale-down"})
+# Reasons the trainer puts in its own resize records; the operator's reasons say *why*.
+TRAINER_REASONS = frozenset(str(r) for r in TrainerResize)
 
 
 def _latest_same_resize(
@@ -153,17 +156,15 @@ def record_resize(history: Sequence[ResizeEvent], event: ResizeEvent) -> list[Re
     return out
 
 
-def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[Any]) -> list[ResizeEvent]:
-    """Merge the trainer's resizes into the operator's: enrich a matching entry, else append.
+def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[ResizeRecord]) -> list[ResizeEvent]:
+    """Merge the trainer's resize records into the operator's: enrich a matching entry, else append.
 
     Idempotent: an entry already enriched (same time and sizes) is left alone on the next poll.
     """
     out = [e.model_copy() for e in history]
-    for raw in reported:
-        if not isinstance(raw, Mapping):
-            continue
+    for record in reported:
         try:
-            rep = ResizeEvent.model_validate({**raw, "time": parse_time(raw.get("time")) or raw.get("time")})
+            rep = ResizeEvent.model_validate({**record.to_json(), "time": parse_time(record.time)})
         except ValidationError:
             continue
         if any(e.time == rep.time and e.from_ == rep.from_ and e.to == rep.to for e in out):

@@ -31,6 +31,11 @@ NODE_MISSING_GRACE = timedelta(seconds=60)
 # A NotReady node (kubelet restart, network blip, an overloaded control plane) often recovers within
 # seconds; draining would cost a resize for nothing. Kubernetes itself evicts only after 300 s.
 NOT_READY_GRACE = timedelta(seconds=60)
+# Workers that exited 0 have normally had their final report acknowledged (rank 0 retries it for up to 60 s
+# before it exits: etj_trainer.progress), and the operator re-reads the store at once when it sees them
+# (reconciler.py). Until that report is in status the store is kept and the job is not Succeeded, for at most
+# this long: the accuracy and last resizes live in that report only.
+FINAL_REPORT_GRACE = timedelta(seconds=90)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class Observed:
     deleted_nodes: Mapping[str, datetime] = field(default_factory=dict)  # tombstones from the node index
     progress: Mapping[str, Any] | None = None
     progress_time: datetime | None = None
+    # How long to wait for the final report once workers exited 0; zero when the operator does not read
+    # progress at all (--progress-seconds 0): no report can come.
+    final_report_grace: timedelta = FINAL_REPORT_GRACE
 
 
 @dataclass
@@ -218,9 +226,10 @@ def plan(job: JobView, obs: Observed) -> Plan:
     failures += out.new_failures
 
     # 3. Terminal states and suspension: which of them applies, and the workers they stop.
-    succeeded = any(p.phase == "Succeeded" for p in workers) or bool(
-        obs.progress and obs.progress.get("finished") and not any(p.running for p in active)
-    )
+    finish = _finish(workers, active, obs)
+    if finish.awaiting_report:
+        out.requeue(1.0)  # the reconciler re-reads the store each time round
+    succeeded = finish.done
     failed = prev.phase == Phase.FAILED or failures > spec.failure_policy.max_failures
     terminal = failed or prev.phase == Phase.SUCCEEDED or succeeded
     stop_reason = (
@@ -254,7 +263,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
     # Without an image (none in the spec, none recorded, no operator default) no pod can be created; the
     # Ready condition and a Warning event say so, and the job waits for a spec edit.
     out.trainer_image = trainer_image(job)
-    creatable = stop_reason is None and out.trainer_image is not None
+    # Finishing (workers exited 0, the final report not read yet): nothing new starts, nothing is stopped.
+    creatable = stop_reason is None and out.trainer_image is not None and not finish.awaiting_report
     lazy = _LazyCapacity(spec, obs)
     if creatable:
         out.create_workers = _free_slots(workers, _workers_to_add(job, obs, out, len(survivors), lazy))
@@ -312,6 +322,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         usage_namespaces=obs.usage_namespaces,
     )
     out.status, out.events = build_status(inputs)
+    if finish.report_missing and prev.phase != Phase.SUCCEEDED:
+        out.events.append(KubeEvent("Warning", FINAL_REPORT_MISSING, finish.report_missing))
     if terminal and spec.ttl_seconds_after_finished is not None and out.status.completion_time is not None:
         left = out.status.completion_time + timedelta(seconds=spec.ttl_seconds_after_finished) - now
         if left.total_seconds() <= 0:
@@ -319,6 +331,42 @@ def plan(job: JobView, obs: Observed) -> Plan:
         else:
             out.requeue(left.total_seconds())
     return out
+
+
+FINAL_REPORT_MISSING = "FinalReportMissing"
+
+
+@dataclass(frozen=True)
+class _Finish:
+    done: bool = False  # the job has Succeeded
+    awaiting_report: bool = False  # workers exited 0 but their final report is not read yet
+    report_missing: str = ""  # done without the final report: the Warning's message
+
+
+def _finish(workers: Sequence[PodInfo], active: Sequence[PodInfo], obs: Observed) -> _Finish:
+    """Has training finished, and has its final report (accuracy, last resizes) been read?
+
+    A worker that exited 0 by itself (not one we are deleting) means training finished. Rank 0 posts the
+    final report before any worker can exit, so it is normally in the store by then: the job is Succeeded
+    once that report is read, or after ``obs.final_report_grace`` without it (with a Warning).
+    """
+    reported = bool(obs.progress and obs.progress.get("finished"))
+    exited = [p for p in workers if p.phase == "Succeeded" and not p.terminating]
+    if not exited:
+        # Every worker gone after a finished report (pods deleted before we saw them exit) is done too.
+        return _Finish(done=reported and not any(p.running for p in active))
+    if reported or obs.final_report_grace <= timedelta(0):
+        return _Finish(done=True)
+    since = min((p.finished_at for p in exited if p.finished_at is not None), default=None)
+    if since is not None and obs.now - since < obs.final_report_grace:
+        return _Finish(awaiting_report=True)
+    return _Finish(
+        done=True,
+        report_missing=(
+            f"workers exited 0 but the trainer's final report (accuracy, last resizes) was not read within "
+            f"{obs.final_report_grace.total_seconds():.0f} s; status.progress is from the last report read"
+        ),
+    )
 
 
 class _LazyCapacity:

@@ -332,7 +332,17 @@ def rendezvous_pod(
         "name": "store",
         "image": _image(spec, image),
         "imagePullPolicy": spec.trainer.image_pull_policy.value,
-        "command": ["etj-train", "store", "--port", str(RDZV_PORT), "--http-port", str(PROGRESS_PORT)],
+        # Its own address only: process-backed pods (the local bed) share one machine's network.
+        "command": [
+            "etj-train",
+            "store",
+            "--host",
+            "$(POD_IP)",
+            "--port",
+            str(RDZV_PORT),
+            "--http-port",
+            str(PROGRESS_PORT),
+        ],
         "ports": [
             {"name": "rdzv", "containerPort": RDZV_PORT},
             {"name": "progress", "containerPort": PROGRESS_PORT},
@@ -341,6 +351,7 @@ def rendezvous_pod(
             {"name": etj_env.JOB_NAME.name, "value": job},
             {"name": etj_env.NAMESPACE.name, "value": namespace},
             {"name": "HOME", "value": "/tmp"},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {"tcpSocket": {"port": RDZV_PORT}, "periodSeconds": 2},

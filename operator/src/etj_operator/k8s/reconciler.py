@@ -14,16 +14,17 @@ import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol, cast
 
 import kopf
 from pydantic import ValidationError
 
+from etj_contract.ports import PROGRESS_PORT
 from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
 from etj_operator.decide import workload
-from etj_operator.decide.planner import JobView, Observed, Plan, plan
+from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
 from etj_operator.observe.nodes import NodeInfo
@@ -40,6 +41,7 @@ SERVICE_RECHECK = 300.0
 class Settings:
     resync_seconds: float = 30.0
     progress_seconds: float = 10.0  # 0 disables polling the store's /progress
+    progress_port: int = PROGRESS_PORT  # where store pods serve it (docs/contract.md)
     worker_grace_seconds: int = workload.DEFAULT_WORKER_GRACE_SECONDS
     default_trainer_image: str | None = None  # for jobs without spec.trainer.image
     # Namespaces watched (empty: all). Namespaced, the GPU-usage index sees only these namespaces' pods.
@@ -156,6 +158,10 @@ class JobRunner:
         if job is None:
             return None
         pods = self._owned(job.uid)
+        if self._awaiting_final_report(pods):
+            # Workers exited 0: their final report is in the store now. Read it before the planner may
+            # stop the store, instead of waiting for the next poll (which the store's end would outrun).
+            await self._refresh_progress()
         obs = Observed(
             nodes=self.world.nodes(),
             pods=pods,
@@ -165,6 +171,7 @@ class JobRunner:
             deleted_nodes=self.world.deleted_nodes(),
             progress=self.progress,
             progress_time=self.progress_time,
+            final_report_grace=FINAL_REPORT_GRACE if self.settings.progress_seconds > 0 else timedelta(0),
         )
         result = plan(job, obs)
         await self.apply(job, result, {p.name: p for p in pods})
@@ -261,20 +268,33 @@ class JobRunner:
     async def _poll_progress(self) -> None:
         while True:
             await asyncio.sleep(self.settings.progress_seconds)
-            store = next(
-                (
-                    p
-                    for p in self.world.job_pods(self.namespace, self.name)
-                    if p.role == ROLE_RENDEZVOUS and p.running and p.ip
-                ),
-                None,
-            )
-            if store is None or store.ip is None:
-                continue
-            data = await self.kube.fetch_progress(store.ip)
-            if data is not None and data != self.progress:
-                self.progress, self.progress_time = data, utcnow()
+            if await self._refresh_progress():
                 self.kick.set()
+
+    async def _refresh_progress(self) -> bool:
+        """Read the store's progress document; whether it changed."""
+        store = next(
+            (
+                p
+                for p in self.world.job_pods(self.namespace, self.name)
+                if p.role == ROLE_RENDEZVOUS and p.running and p.ip
+            ),
+            None,
+        )
+        if store is None or store.ip is None:
+            return False
+        data = await self.kube.fetch_progress(store.ip, self.settings.progress_port)
+        if data is None or data == self.progress:
+            return False
+        self.progress, self.progress_time = data, utcnow()
+        return True
+
+    def _awaiting_final_report(self, pods: list[PodInfo]) -> bool:
+        return (
+            self.settings.progress_seconds > 0
+            and not (self.progress or {}).get("finished")
+            and any(p.role == ROLE_WORKER and p.phase == "Succeeded" and not p.terminating for p in pods)
+        )
 
 
 class JobRunners:

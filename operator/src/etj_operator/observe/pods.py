@@ -30,6 +30,7 @@ class PodInfo:
     exit_code: int | None = None
     created: datetime | None = None
     scheduled_at: datetime | None = None
+    finished_at: datetime | None = None  # when the (last) container terminated
     requests: Mapping[str, int] = field(default_factory=dict)
     owner_uid: str = ""  # uid of the controlling ElasticTrainingJob
 
@@ -63,11 +64,12 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
     status = body.get("status") or {}
     labels = meta.get("labels") or {}
     slot_raw = labels.get(LABEL_SLOT)
-    exit_code = None
+    exit_code, finished_at = None, None
     for cs in status.get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")
         if terminated is not None:
             exit_code = terminated.get("exitCode")
+            finished_at = parse_time(terminated.get("finishedAt")) or finished_at
     scheduled_at = None
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
@@ -86,6 +88,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         exit_code=exit_code,
         created=parse_time(meta.get("creationTimestamp")),
         scheduled_at=scheduled_at,
+        finished_at=finished_at,
         requests=countable_requests(spec),
         owner_uid=next(
             (o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("controller")), ""

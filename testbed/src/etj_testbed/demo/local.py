@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,6 @@ from pathlib import Path
 
 import yaml
 
-from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
 from etj_testbed.demo.script import (
     GROUP_PATH,
     INSTANCE,
@@ -72,7 +70,6 @@ class Demo:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        wait_ports_free((RDZV_PORT, PROGRESS_PORT), self.script.ports_wait_s)
         crds = REPO / "crds"
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
@@ -260,27 +257,3 @@ class Demo:
         for node in self.nodes:
             self.kubectl("delete", "node", node, "--wait=false", check=False)
         self.kube.close()
-
-
-def wait_ports_free(ports: tuple[int, ...], timeout_s: float) -> None:
-    """Process-backed pods share this machine's network: the rendezvous store listens on 0.0.0.0:29400, so
-    a store of any other job here (another demo, a test) would take the connections of this job's workers."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        busy = []
-        for port in ports:
-            with socket.socket() as sock:
-                # REUSEADDR: old connections in TIME_WAIT are no conflict; only a listener is.
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    busy.append(port)
-        if not busy:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"ports {busy} are in use on this machine (another job's rendezvous store?); "
-                "process-backed pods share the host network, so stop it first"
-            )
-        time.sleep(2)

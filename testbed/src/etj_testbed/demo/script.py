@@ -24,7 +24,6 @@ class Script:
     notice_s: float = 120.0  # AWS gives 120 s; the node goes earlier if its pods are already gone
     return_after_s: float = 5.0  # new spot capacity this long after the interrupted node is gone
     timeout_s: float = 1800.0
-    ports_wait_s: float = 120.0  # for another job's rendezvous store on this machine to finish
 
 
 @dataclass
