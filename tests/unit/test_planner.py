@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus, Phase
-from etj_operator.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
-from etj_operator.signals import Reason, Signal
+from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
+from etj_operator.observe.signals import Reason, Signal
 from tests.unit.factories import (
     NOW,
     cluster,
@@ -207,9 +207,10 @@ CASES = [
             *((f"train-worker-{i}", Reason.FINISHED) for i in (1, 2, 3)),
             ("train-rdzv", Reason.FINISHED),
         ],
-        check=lambda p: (p.status.completion_time, p.status.progress and p.status.progress.accuracy)
-        == (NOW, 0.98)
-        or pytest.fail(f"{p.status.completion_time} {p.status.progress}"),
+        check=lambda p: (
+            (p.status.completion_time, p.status.progress and p.status.progress.accuracy) == (NOW, 0.98)
+            or pytest.fail(f"{p.status.completion_time} {p.status.progress}")
+        ),
     ),
     Case(
         # regression (issue 12): the store was stopped before the operator read the final report, and
@@ -241,8 +242,10 @@ CASES = [
         creates=[],
         drains=[("train-rdzv", Reason.FINISHED)],
         phase=Phase.SUCCEEDED,
-        check=lambda p: any(e.reason == "FinalReportMissing" and e.type == "Warning" for e in p.events)
-        or pytest.fail(str(p.events)),
+        check=lambda p: (
+            any(e.reason == "FinalReportMissing" and e.type == "Warning" for e in p.events)
+            or pytest.fail(str(p.events))
+        ),
     ),
     Case(
         "an operator that reads no progress does not wait for a final report",

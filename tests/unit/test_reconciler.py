@@ -14,10 +14,10 @@ from typing import Any
 
 from kubernetes import client
 
-from etj_operator.kube import Kube
-from etj_operator.nodepools import NodeInfo
-from etj_operator.podstate import PodInfo
-from etj_operator.reconciler import JobRunner, Settings
+from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.reconciler import JobRunner, Settings
+from etj_operator.observe.nodes import NodeInfo
+from etj_operator.observe.pods import PodInfo
 from tests.unit.factories import worker
 
 
@@ -41,7 +41,7 @@ class StaticWorld:
 
 
 def _runner(world: StaticWorld) -> JobRunner:
-    return JobRunner("ns", "train", world, Kube(client.ApiClient()), Settings())
+    return JobRunner("ns", "train", world, KubeClient(client.ApiClient()), Settings())
 
 
 def test_created_pods_count_before_the_index_shows_them() -> None:
@@ -87,7 +87,7 @@ def test_fetch_progress_reads_the_store_endpoint() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     Thread(target=server.serve_forever, daemon=True).start()
-    kube = Kube(client.ApiClient())
+    kube = KubeClient(client.ApiClient())
 
     async def go() -> tuple[Any, Any]:
         try:
@@ -110,7 +110,7 @@ def test_pods_of_an_earlier_job_with_the_same_name_are_ignored() -> None:
     assert [p.name for p in _runner(world)._owned("new")] == ["train-worker-1"]
 
 
-class RecordingKube(Kube):
+class RecordingKube(KubeClient):
     """The real client class with the loop's writes recorded instead of sent: this test is about *when*
     the loop reads the store (the end-to-end test checks the same against the real apiserver)."""
 

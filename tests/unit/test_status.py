@@ -9,8 +9,8 @@ import pytest
 
 from etj_contract.progress import ResizeRecord
 from etj_operator.api.models import ResizeEvent
-from etj_operator.planner import plan
-from etj_operator.status import merge_resizes, record_resize
+from etj_operator.decide.job_status import merge_resizes, record_resize
+from etj_operator.decide.planner import plan
 from tests.unit.factories import NOW, cluster, job, observe, started, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]

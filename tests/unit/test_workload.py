@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.workload import rendezvous_pod, rendezvous_service, worker_pod
+from etj_operator.decide.workload import rendezvous_pod, rendezvous_service, worker_pod
 from tests.unit.factories import spec
 
 
