@@ -1,5 +1,9 @@
-"""`etj demo`: the command line; runs the local `Demo` or the installed-operator `ClusterDemo`, then the
-fixed-size reference, and prints the resizes and the final accuracies."""
+"""`etj demo`: an ElasticTrainingJob rides out a spot interruption on the local control plane.
+
+The command line (its first docstring line is `etj demo --help`'s description): runs the local `Demo` or
+the installed-operator `ClusterDemo`, then the fixed-size reference, and prints the resizes and the final
+accuracies.
+"""
 
 from __future__ import annotations
 
