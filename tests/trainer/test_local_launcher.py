@@ -44,3 +44,27 @@ def test_scale_down_and_up_keeps_exactly_once(tmp_path: Path) -> None:
     assert sorted(per_epoch) == list(range(6))
     for ids in per_epoch.values():
         assert sorted(ids) == list(range(1438))  # every training sample exactly once per epoch
+
+
+@pytest.mark.slow
+def test_a_hard_kill_takes_the_whole_node_and_the_world_shrinks(tmp_path: Path) -> None:
+    # regression (issue 14): `!K` killed only the agent; its forkserver and worker trained on as a full
+    # rank, so the world never shrank and the crash path was never exercised
+    samples = tmp_path / "samples"
+    env = {
+        "ETJ_DATA": "digits-tensor",
+        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_EPOCHS": "3",
+        "ETJ_GLOBAL_BATCH_SIZE": "32",
+        "ETJ_MICRO_BATCH_SIZE": "16",
+        "ETJ_MIN_STEP_SECONDS": "0.1",
+        "ETJ_SAMPLE_LOG_DIR": str(samples),
+        "ETJ_MAX_WORKERS": "2",
+    }
+    result = run_local(2, parse_schedule("15:!1"), env, tmp_path / "logs", timeout_s=600)
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1)]  # type: ignore[index]
+    per_epoch = consumed_per_epoch(samples)
+    assert sorted(per_epoch) == list(range(3))
+    for ids in per_epoch.values():
+        assert sorted(ids) == list(range(1438))  # exactly once, through the crash
