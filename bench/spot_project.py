@@ -4,7 +4,7 @@ Drives bench/economics/simulate.py with the same trace code as the real-bed repl
 every input is listed in `ASSUMPTIONS` (value and source; the ones measured on this project's 2-core
 machine say so). For each trace, the job is started every ``--every`` ticks across the whole trace and the
 results averaged: etj (floor + 0-16 spot nodes), a fixed on-demand cluster of the same peak size, and a
-fixed-size checkpoint-restart job on the same nodes (at the peak size, and at the size that cost least).
+fixed-size checkpoint-restart job on spot nodes only (16 of them, and the size that cost least).
 Prints JSON, writes it to ``--out``, a markdown table to ``--markdown`` and a chart to ``--plot``.
 
     .venv/bin/python bench/spot_project.py [--traces DIR] [--floor 2] [--spot 16] [--every 24]
@@ -110,6 +110,7 @@ def summarize(outcomes: list[Outcome]) -> JSON:
         "time_h_mean": round(statistics.mean(o.time_s for o in pool) / 3600, 3),
         "time_h_max": round(max(o.time_s for o in pool) / 3600, 3),
         "cost_usd_mean": round(statistics.mean(o.cost_usd for o in pool), 2),
+        "cost_usd_mean_if_released": round(statistics.mean(o.cost_usd - o.idle_cost_usd for o in pool), 2),
         "goodput_mean": round(statistics.mean(o.goodput for o in pool), 4),
         "interruptions_mean": round(statistics.mean(o.interruptions for o in pool), 2),
         "node_hours_mean": {
@@ -133,7 +134,8 @@ def project(trace: Trace, job: JobModel, cluster: Cluster, every: int, sizes: li
         sized = replace(job, checkpoint_every_s=epoch_s(job, n))
         ckpt[n] = summarize([simulate_ckpt_restart(spot, s, sized, cluster, n, horizon) for s in starts])
     finishing = {n: c for n, c in ckpt.items() if c["finished"] == c["runs"]}
-    best = min(finishing, key=lambda n: finishing[n]["cost_usd_mean"]) if finishing else None
+    # The size a team would pick: the cheapest, counting only what it pays while it trains (kindest to it).
+    best = min(finishing, key=lambda n: finishing[n]["cost_usd_mean_if_released"]) if finishing else None
     out: JSON = {
         "trace": trace.name,
         "mean_spot_nodes_offered": round(statistics.mean(spot.counts), 2),
@@ -150,13 +152,14 @@ def project(trace: Trace, job: JobModel, cluster: Cluster, every: int, sizes: li
             "time": round(e["time_h_mean"] / o["time_h_mean"], 3),
         },
     }
-    for label, n in (("peak", cluster.peak), ("best", best)):
+    for label, n in (("peak", cluster.max_spot), ("best", best)):
         if n is None or str(n) not in out["ckpt_restart"]:
             continue
         c = out["ckpt_restart"][str(n)]
         out["ratios"][f"etj_vs_ckpt_restart_{label}"] = {
             "nodes": n,
             "cost": round(e["cost_usd_mean"] / c["cost_usd_mean"], 3),
+            "cost_vs_released": round(e["cost_usd_mean"] / c["cost_usd_mean_if_released"], 3),
             "time": round(e["time_h_mean"] / c["time_h_mean"], 3),
             "baseline_finished": f"{c['finished']}/{c['runs']}",
         }
@@ -166,8 +169,8 @@ def project(trace: Trace, job: JobModel, cluster: Cluster, every: int, sizes: li
 def markdown(report: JSON) -> str:
     lines = [
         "| trace | mean spot offered | policy | nodes | finished | time h (mean / max) | cost USD (mean) "
-        "| goodput | interruptions |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| cost if idle spot released | goodput | interruptions |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     peak = report["cluster"]["floor"] + report["cluster"]["max_spot"]
     for t in report["traces"]:
@@ -183,12 +186,13 @@ def markdown(report: JSON) -> str:
                 f"| {t['trace'] if i == 0 else ''} | {t['mean_spot_nodes_offered'] if i == 0 else ''} "
                 f"| {policy} | "
                 f"{nodes} | {s['finished']}/{s['runs']} | {s['time_h_mean']:.2f} / {s['time_h_max']:.2f} | "
-                f"{s['cost_usd_mean']:.0f} | {s['goodput_mean']:.3f} | {s['interruptions_mean']:.1f} |"
+                f"{s['cost_usd_mean']:.0f} | {s['cost_usd_mean_if_released']:.0f} | {s['goodput_mean']:.3f} "
+                f"| {s['interruptions_mean']:.1f} |"
             )
     lines += [
         "",
-        "| trace | etj/on-demand cost | etj/on-demand time | etj/ckpt-restart (peak) cost | time "
-        "| etj/ckpt-restart (best size) cost | time |",
+        "| trace | etj/on-demand cost | etj/on-demand time | etj/ckpt-restart (peak) cost (held / released) "
+        "| time | etj/ckpt-restart (best size) cost (held / released) | time |",
         "|---|---|---|---|---|---|---|",
     ]
     for t in report["traces"]:
@@ -196,8 +200,9 @@ def markdown(report: JSON) -> str:
         pk, bs = r.get("etj_vs_ckpt_restart_peak", {}), r.get("etj_vs_ckpt_restart_best", {})
         lines.append(
             f"| {t['trace']} | {r['etj_vs_on_demand']['cost']:.2f} | {r['etj_vs_on_demand']['time']:.2f} | "
-            f"{pk.get('cost', '-')} | {pk.get('time', '-')} | "
-            f"{bs.get('cost', '-')} ({bs.get('nodes', '-')} nodes) | {bs.get('time', '-')} |"
+            f"{pk.get('cost', '-')} / {pk.get('cost_vs_released', '-')} | {pk.get('time', '-')} | "
+            f"{bs.get('cost', '-')} / {bs.get('cost_vs_released', '-')} ({bs.get('nodes', '-')} nodes) "
+            f"| {bs.get('time', '-')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -210,11 +215,11 @@ def write_plot(report: JSON, path: Path) -> Path:
 
     traces = report["traces"]
     names = [t["trace"].replace("_v100_1", "") for t in traces]
-    peak = str(report["cluster"]["floor"] + report["cluster"]["max_spot"])
+    peak = str(report["cluster"]["max_spot"])
     series = {
         "etj": [t["etj"] for t in traces],
         "on-demand": [t["on_demand"] for t in traces],
-        f"ckpt-restart ({peak} nodes)": [t["ckpt_restart"][peak] for t in traces],
+        f"ckpt-restart ({peak} spot nodes)": [t["ckpt_restart"][peak] for t in traces],
         "ckpt-restart (best size)": [
             t["ckpt_restart"][str(t["ckpt_restart_best_size"])]
             if t["ckpt_restart_best_size"]
@@ -262,7 +267,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     job = job_model()
     cluster = Cluster(args.floor, args.spot, Prices(args.price_spot, args.price_on_demand))
-    sizes = sorted({min(cluster.peak, args.floor + k) for k in (4, 8, 12, 16)} | {cluster.peak})
+    sizes = sorted({min(args.spot, k) for k in (4, 8, 12, 16)} | {args.spot})
     report: JSON = {
         "model": "ResNet-50 / ImageNet-1k, 90 epochs, p3.16xlarge (8x V100)",
         "cluster": {"floor": args.floor, "max_spot": args.spot},

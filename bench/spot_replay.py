@@ -48,6 +48,7 @@ if str(REPO) not in sys.path:  # run as a script: bench/ is sys.path[0], the rep
 from bench.economics.accounting import (  # noqa: E402
     ON_DEMAND,
     SPOT,
+    STORE,
     NodeSpan,
     Poll,
     Prices,
@@ -81,6 +82,10 @@ class ArmSpec:
     replicas_max: int
     on_demand: int  # on-demand nodes, there throughout
     trace: Trace | None  # spot nodes over time (None: no spot nodes)
+    worker_types: tuple[str, ...] = (SPOT, ON_DEMAND)  # spec.placement.capacityTypes
+    # An on-demand node for the rendezvous store alone (workers may not run there); not billed: the
+    # store is a small CPU service, not a training node.
+    store_node: bool = False
 
 
 @dataclass
@@ -123,6 +128,9 @@ class ReplayDemo(Demo):
             self._making_demo_nodes = False
         for i in range(self.arm.on_demand):
             self.add_node(f"{self.instance}-od-{i + 1}", ON_DEMAND)
+        if self.arm.store_node:
+            self.add_node(f"{self.instance}-store", ON_DEMAND)
+            self.log.spans[-1].capacity_type = STORE
         self.follow_trace()
 
     def add_node(self, name: str, capacity_type: str) -> None:
@@ -203,7 +211,10 @@ def arm_specs(trace: Trace, on_demand: int, spot_nodes: int, arms: list[str]) ->
     local = scaled(trace, spot_nodes)
     table = {
         "etj": ArmSpec("etj", 1, peak, on_demand, local),
-        "ckpt_restart": ArmSpec("ckpt_restart", peak, peak, on_demand, local),
+        # A fixed-size job on spot: as many workers as spot nodes at the peak, spot only.
+        "ckpt_restart": ArmSpec(
+            "ckpt_restart", spot_nodes, spot_nodes, 0, local, worker_types=(SPOT,), store_node=True
+        ),
         "on_demand": ArmSpec("on_demand", peak, peak, peak, None),
     }
     return [table[a] for a in arms]
@@ -213,6 +224,7 @@ def job_manifest(base: JSON, arm: ArmSpec, epochs: int) -> JSON:
     job = copy.deepcopy(base)
     job["spec"]["training"]["epochs"] = epochs
     job["spec"]["replicas"].update({"min": arm.replicas_min, "max": arm.replicas_max})
+    job["spec"].setdefault("placement", {})["capacityTypes"] = list(arm.worker_types)
     return job
 
 
@@ -240,6 +252,11 @@ def run_arm(kubeconfig: Path, arm: ArmSpec, args: argparse.Namespace, run_dir: P
             result = demo.run()
         except StoreTaken as e:
             print(f"replay: arm {arm.name} abandoned: {e}", file=sys.stderr)
+            continue
+        except RuntimeError as e:  # set-up hiccups (a CRD not Established yet): start over
+            print(f"replay: arm {arm.name} failed: {e}", file=sys.stderr)
+            if attempt == args.attempts:
+                raise
             continue
         finally:
             demo.cleanup(delete_job=True)
@@ -414,38 +431,19 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    os.environ.setdefault("ETJ_CLUSTER_NAME", "replay")
-    os.environ.setdefault("ETJ_CLUSTER_PORT_BASE", "18600")
-    from etj_operator.localcluster import toolchain
-    from etj_operator.localcluster.cluster import LocalCluster
-
+def replay(kubeconfig: Path, args: argparse.Namespace, run_dir: Path) -> JSON:
+    """Every arm on the cluster at ``kubeconfig``, one after the other; the report (also to ``--out``)."""
     trace = resolve_trace(args.trace, args.traces)
     start = busiest_window(trace.counts, args.window) if args.start == "busiest" else int(args.start)
     windowed = trace.window(start)
     arms = arm_specs(windowed, args.on_demand, args.spot_nodes, [a for a in args.arms.split(",") if a])
-    run_dir = args.run_dir or toolchain.cache_root() / "replay" / time.strftime("%Y%m%d-%H%M%S")
     base = yaml.safe_load(args.manifest.read_text())
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _interrupt)
-    cluster = LocalCluster.named()
     print(
         f"replay: {trace.name} from tick {start}, x{args.time_scale:g}, run directory {run_dir}",
         file=sys.stderr,
     )
-    results: dict[str, JSON] = {}
     t0 = time.monotonic()
-    try:
-        kubeconfig = cluster.up()
-        for arm in arms:
-            results[arm.name] = run_arm(kubeconfig, arm, args, run_dir, base)
-    except KeyboardInterrupt:
-        print("\ninterrupted: cleaning up", file=sys.stderr)
-        return 130
-    finally:
-        if not args.keep_cluster:
-            cluster.down()
+    results = {arm.name: run_arm(kubeconfig, arm, args, run_dir, base) for arm in arms}
     report: JSON = {
         "trace": trace.name,
         "start_tick": start,
@@ -460,14 +458,35 @@ def main(argv: list[str]) -> int:
         "arms": results,
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    plot = args.plot or run_dir / "timeline.png"
-    report["plot"] = str(write_plot(report, plot))
-    text = json.dumps(report, indent=2)
+    report["plot"] = str(write_plot(report, args.plot or run_dir / "timeline.png"))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
-    ok = all(a["finished"] and a["exactly_once"] for a in results.values() if a["arm"] != "ckpt_restart")
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("ETJ_CLUSTER_NAME", "replay")
+    os.environ.setdefault("ETJ_CLUSTER_PORT_BASE", "18600")
+    from etj_operator.localcluster import toolchain
+    from etj_operator.localcluster.cluster import LocalCluster
+
+    run_dir = args.run_dir or toolchain.cache_root() / "replay" / time.strftime("%Y%m%d-%H%M%S")
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    cluster = LocalCluster.named()
+    try:
+        report = replay(cluster.up(), args, run_dir)
+    except KeyboardInterrupt:
+        print("\ninterrupted: cleaning up", file=sys.stderr)
+        return 130
+    finally:
+        if not args.keep_cluster:
+            cluster.down()
+    print(json.dumps(report, indent=2))
+    arms = report["arms"].values()
+    ok = all(a["finished"] and a["exactly_once"] for a in arms if a["arm"] != "ckpt_restart")
     return 0 if ok else 1
 
 

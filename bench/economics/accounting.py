@@ -33,6 +33,7 @@ OTHER = "other"
 BADPUT = (PROGRAM_STARTUP, SLICE_DOWN, SCALE_UP, INFRA_RECOVERY, TRAINING_PREP, WASTED, OTHER)
 
 SPOT, ON_DEMAND = "spot", "on-demand"
+STORE = "store"  # a node that only runs the rendezvous store: not a training node, not billed
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Prices:
     on_demand: float
 
     def of(self, capacity_type: str) -> float:
-        return self.spot if capacity_type == SPOT else self.on_demand
+        return {SPOT: self.spot, ON_DEMAND: self.on_demand}.get(capacity_type, 0.0)
 
 
 @dataclass

@@ -4,16 +4,19 @@
   costs the survivors a graceful-leave stall (the interruption notice lets the leaver drain; nothing is
   lost), a node gained a join stall once it is ready; with no node at all the job waits and resumes from
   its just-in-time checkpoint;
-- ``ckpt_restart``: a fixed world of ``n`` nodes (the floor first, then spot) that trains only while ``n``
-  nodes are ready; when one goes the job stops and loses what it trained since its last periodic
-  checkpoint; when ``n`` are ready again it restarts (``restart_s``) from that checkpoint — a plain
-  ``torchrun --nnodes=n`` job;
+- ``ckpt_restart``: a fixed world of ``n`` spot nodes (no on-demand floor) that trains only while ``n``
+  are ready; when one goes the job stops and loses what it trained since its last periodic checkpoint;
+  when ``n`` are ready again it restarts (``restart_s``) from that checkpoint — a plain
+  ``torchrun --nnodes=n`` job on spot;
 - ``on_demand``: ``n`` on-demand nodes, never interrupted.
 
 Time advances by trace tick (``gap_s``, 5 min); inside a tick at most two phases: before and after the
 tick's new nodes are ready (``node_ready_s`` after they appear). Every node the trace offers (up to the
 job's size) and the floor are billed while the job runs: the cluster holds them for the job, as the
-real-bed replay does. Badput names follow ml-goodput-measurement (see accounting.py).
+real-bed replay does and as a Kubernetes job whose pods wait for their missing peers does; the spot
+node-seconds billed while the fixed-size job waits are also reported apart (``idle_cost_usd``: what a
+job that gives its nodes back while it waits, as a managed-spot launcher does, would not pay).
+Badput names follow ml-goodput-measurement (see accounting.py).
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ class Outcome:
     node_s: dict[str, float] = field(default_factory=lambda: {"spot": 0.0, "on-demand": 0.0})
     cost_usd: float = 0.0
     interruptions: int = 0
+    idle_spot_s: float = 0.0  # spot node-seconds billed while the job could not train (waiting)
+    idle_cost_usd: float = 0.0  # their cost: what a job that releases its nodes while it waits saves
 
     @property
     def goodput(self) -> float:
@@ -99,9 +104,11 @@ class _Run:
         self.stall = job.startup_s  # seconds of stall still to serve before steps run
         self.stall_cause = PROGRAM_STARTUP
 
-    def bill(self, seconds: float, spot: int, on_demand: int) -> None:
+    def bill(self, seconds: float, spot: int, on_demand: int, idle: bool = False) -> None:
         self.out.node_s["spot"] += spot * seconds
         self.out.node_s["on-demand"] += on_demand * seconds
+        if idle:
+            self.out.idle_spot_s += spot * seconds
 
     def train(self, seconds: float, world: int) -> float:
         """Serve the stall, then train at ``world`` nodes; return the seconds used (less than ``seconds``
@@ -129,6 +136,7 @@ class _Run:
         self.out.cost_usd = (
             self.out.node_s["spot"] * prices.spot + self.out.node_s["on-demand"] * prices.on_demand
         ) / 3600.0
+        self.out.idle_cost_usd = self.out.idle_spot_s * prices.spot / 3600.0
         return self.out
 
 
@@ -182,14 +190,12 @@ def simulate_ckpt_restart(
     trace: Trace, start: int, job: JobModel, cluster: Cluster, nodes: int, horizon_ticks: int
 ) -> Outcome:
     run = _Run("ckpt_restart", nodes, job, cluster)
-    spot_needed = max(0, nodes - cluster.floor)
-    floor = min(cluster.floor, nodes)
     running = False
     kept = 0.0  # samples in the last periodic checkpoint
     since_ckpt = 0.0  # training seconds since it
     started = False
     for seconds, offered, ready in _phases(trace, start, job.node_ready_s, horizon_ticks):
-        enough = min(ready, cluster.max_spot) >= spot_needed
+        enough = min(ready, cluster.max_spot) >= nodes
         if running and not enough:  # a node is gone: stop, fall back to the last checkpoint
             run.out.interruptions += 1
             lost = run.done - kept
@@ -216,7 +222,7 @@ def simulate_ckpt_restart(
         else:
             run.wait(seconds)
             used = seconds
-        run.bill(used, min(offered, spot_needed), floor)
+        run.bill(used, min(offered, nodes), 0, idle=not running)
         run.out.time_s += used
         if run.out.finished:
             break

@@ -108,25 +108,31 @@ def test_etj_with_no_node_at_all_waits() -> None:
 
 
 def test_ckpt_restart_waits_for_its_size_and_loses_work_since_the_checkpoint() -> None:
-    # size 3 = floor + 2 spot. Tick 0: trains 90 s after startup (checkpoints at 50 s: 150 samples kept);
-    # tick 1: a node gone → stop, lose 40 s of work (120 samples); tick 2: back, 20 s to be ready, 30 s
-    # restart; then 450 samples at 3/s = 150 s.
-    o = simulate_ckpt_restart(trace(2, 1, 2, 2, 2, 2), 0, JOB, CLUSTER, 3, horizon_ticks=6)
+    # 2 spot nodes, 2 samples/s. Tick 0: 10 s startup, 90 s training (checkpoint at 50 s: 100 samples
+    # kept); tick 1: a node gone → stop, 40 s of work (80 samples) lost, wait; tick 2: back, 20 s until
+    # ready, 30 s restart, 50 s training (200); ticks 3-4: 400 more.
+    o = simulate_ckpt_restart(trace(2, 1, 2, 2, 2, 2), 0, JOB, CLUSTER, 2, horizon_ticks=6)
     assert o.finished and o.interruptions == 1
     assert o.badput_s[WASTED] == pytest.approx(40.0)
     assert o.badput_s[INFRA_RECOVERY] == pytest.approx(100 + 20)
     assert o.badput_s[TRAINING_PREP] == pytest.approx(30.0)
-    assert o.time_s == pytest.approx(100 + 100 + 20 + 30 + 150)
-    assert o.productive_s == pytest.approx(50 + 150)
+    assert o.badput_s[PROGRAM_STARTUP] == pytest.approx(10.0)
+    assert o.time_s == pytest.approx(500.0)
+    assert o.productive_s == pytest.approx(300.0)
     assert total(o) == pytest.approx(o.time_s)
+    assert o.node_s == pytest.approx({"spot": 100 * 2 + 100 * 1 + 300 * 2, "on-demand": 0.0})
 
 
 def test_ckpt_restart_never_finishes_without_its_size() -> None:
-    o = simulate_ckpt_restart(trace(1, 1, 1), 0, JOB, CLUSTER, 3, horizon_ticks=3)
+    o = simulate_ckpt_restart(trace(1, 1, 1), 0, JOB, CLUSTER, 2, horizon_ticks=3)
     assert not o.finished and o.productive_s == 0
-    assert o.cost_usd > 0  # the nodes it holds while it waits are billed
+    assert o.cost_usd == pytest.approx(300 / 3600)  # the node it holds while it waits is billed
+    assert o.idle_cost_usd == pytest.approx(o.cost_usd)
 
 
-def test_ckpt_restart_at_the_floor_size_is_on_demand() -> None:
-    o = simulate_ckpt_restart(trace(0, 2, 0), 0, JOB, CLUSTER, 1, horizon_ticks=20)
-    assert o.finished and o.time_s == pytest.approx(610.0) and o.node_s["spot"] == 0
+def test_ckpt_restart_idle_nodes_are_counted_apart() -> None:
+    # waits a tick with 1 of its 2 nodes, then 20 s for the second to be ready: 100 + 2 * 20 node-s idle
+    o = simulate_ckpt_restart(trace(1, 2, 2, 2, 2, 2, 2, 2), 0, JOB, CLUSTER, 2, horizon_ticks=8)
+    assert o.finished
+    assert o.idle_spot_s == pytest.approx(140.0)
+    assert o.badput_s[TRAINING_PREP] == 0  # the first start is start-up, not a restart
