@@ -152,12 +152,13 @@ def project(trace: Trace, job: JobModel, cluster: Cluster, every: int, sizes: li
             "time": round(e["time_h_mean"] / o["time_h_mean"], 3),
         },
     }
-    for label, n in (("peak", cluster.max_spot), ("best", best)):
-        if n is None or str(n) not in out["ckpt_restart"]:
+    candidates: list[tuple[str, int | None]] = [("peak", cluster.max_spot), ("best", best)]
+    for label, size in candidates:
+        if size is None or str(size) not in out["ckpt_restart"]:
             continue
-        c = out["ckpt_restart"][str(n)]
+        c = out["ckpt_restart"][str(size)]
         out["ratios"][f"etj_vs_ckpt_restart_{label}"] = {
-            "nodes": n,
+            "nodes": size,
             "cost": round(e["cost_usd_mean"] / c["cost_usd_mean"], 3),
             "cost_vs_released": round(e["cost_usd_mean"] / c["cost_usd_mean_if_released"], 3),
             "time": round(e["time_h_mean"] / c["time_h_mean"], 3),

@@ -40,7 +40,8 @@ def _polls(rows: list[tuple[float, int, int | None]]) -> list[Poll]:
 
 
 # name → (polls as (t, world, step), min world, end, expected productive s, expected badput by cause)
-CASES = {
+Case = tuple[list[tuple[float, int, int | None]], int, float, float, dict[str, float]]
+CASES: dict[str, Case] = {
     "steady run: startup then all productive": (
         [(0, 0, None), (5, 2, None), (10, 2, 0), (20, 2, 10), (30, 2, 20)],
         1,
