@@ -250,6 +250,29 @@ def write_plot(report: JSON, path: Path) -> Path:
     return path
 
 
+def sensitivity(job: JobModel, args: argparse.Namespace) -> str:
+    """etj's cost and time ratios against on-demand and the 16-node fixed job on spot, per trace, for
+    on-demand floors of 0-4 nodes and spot at 30 % and 50 % of the on-demand price."""
+    traces = all_traces(args.traces)
+    lines = [
+        "| floor | spot price | "
+        + " | ".join(t.name.replace("_v100_1", "") for t in traces)
+        + " |",
+        "|---|---|" + "---|" * len(traces),
+    ]
+    for floor in (0, 1, 2, 4):
+        for share in (0.3, 0.5):
+            prices = Prices(round(args.price_on_demand * share, 3), args.price_on_demand)
+            cluster = Cluster(floor, args.spot, prices)
+            cells = []
+            for t in traces:
+                r = project(t, job, cluster, args.every, [args.spot])["ratios"]
+                od, ck = r["etj_vs_on_demand"], r["etj_vs_ckpt_restart_peak"]
+                cells.append(f"{od['cost']:.2f} / {od['time']:.1f} · {ck['cost']:.2f} / {ck['time']:.2f}")
+            lines.append(f"| {floor} | {share:.0%} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--traces", type=Path, help="the traces directory (default: ../shared/spot-traces)")
@@ -258,6 +281,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=24, help="start a run every this many ticks (24: 2 h)")
     p.add_argument("--price-on-demand", type=float, default=P3_16XL_ON_DEMAND, help="USD per node-hour")
     p.add_argument("--price-spot", type=float, default=round(P3_16XL_ON_DEMAND * SPOT_FRACTION, 3))
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="print a markdown table of etj's ratios for other floors and spot prices, and stop",
+    )
     p.add_argument("--out", type=Path)
     p.add_argument("--markdown", type=Path)
     p.add_argument("--plot", type=Path)
@@ -267,6 +295,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     job = job_model()
+    if args.sensitivity:
+        print(sensitivity(job, args), end="")
+        return 0
     cluster = Cluster(args.floor, args.spot, Prices(args.price_spot, args.price_on_demand))
     sizes = sorted({min(args.spot, k) for k in (4, 8, 12, 16)} | {args.spot})
     report: JSON = {
