@@ -12,8 +12,9 @@ from bench.spot_replay import parse_args, replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-# 5-minute ticks; at x30 a tick is 10 s: two spot nodes, one goes for two ticks, then both are back.
-TRACE = {"metadata": {"gap_seconds": 300}, "data": [2, 2, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2] * 4}
+# 5-minute ticks; at x30 a tick is 10 s: two spot nodes; one goes at 30 s (training has started by then)
+# for two ticks, then both are back.
+TRACE = {"metadata": {"gap_seconds": 300}, "data": [2, 2, 2, 1, 1, 2, 2, 2, 2, 2, 2, 2] * 4}
 
 
 @pytest.fixture(scope="module")
