@@ -307,6 +307,7 @@ def summarize(arm: ArmSpec, result: DemoResult, log: CapacityLog, args: argparse
         "series": {
             "t": [round(s["t"], 1) for s in result.samples],
             "world": [s["world"] for s in result.samples],
+            "step": [s["step"] for s in result.samples],
             "sps": [s["sps"] for s in result.samples],
             "cost": [
                 round(c, 4)

@@ -113,12 +113,22 @@ class Goodput:
         }
 
 
+def progress_changes(polls: Sequence[Poll]) -> list[Poll]:
+    """The polls that saw a new step count (progress reaches the status every few seconds, so most polls
+    repeat the previous one)."""
+    out: list[Poll] = []
+    for p in polls:
+        if p.step is not None and (not out or p.step != out[-1].step):
+            out.append(p)
+    return out
+
+
 def ideal_step_times(polls: Sequence[Poll]) -> dict[int, float]:
-    """Per world size, the median seconds per step between consecutive polls that saw steps advance at an
-    unchanged world size (the job's own throughput, as ml-goodput-measurement's ideal step time)."""
+    """Per world size, the median seconds per step between consecutive progress changes at an unchanged
+    world size (the job's own throughput, as ml-goodput-measurement's ideal step time)."""
     rates: dict[int, list[float]] = defaultdict(list)
-    for a, b in itertools.pairwise(polls):
-        if a.step is not None and b.step is not None and b.step > a.step and a.world == b.world > 0:
+    for a, b in itertools.pairwise(progress_changes(polls)):
+        if b.step is not None and a.step is not None and b.step > a.step and a.world == b.world > 0:
             rates[b.world].append((b.t - a.t) / (b.step - a.step))
     return {w: statistics.median(r) for w, r in rates.items()}
 
@@ -126,10 +136,11 @@ def ideal_step_times(polls: Sequence[Poll]) -> dict[int, float]:
 def goodput(polls: Sequence[Poll], min_world: int, end_s: float | None = None) -> Goodput:
     """Split the elapsed time (0 → ``end_s``, default the last poll) into productive time and badput.
 
-    Between two polls, the steps done count as productive at the ideal step time of that world size (never
-    more than the interval); the rest of the interval is badput, charged to the cause in force: start-up
-    until the first step, then the last resize or stop, until steps advance again. A step counter that goes
-    back means steps redone: their time moves from productive to ``wasted_progress_from_disruption``.
+    Between two changes of the step count, the steps done count as productive at the ideal step time of
+    that world size (never more than the stretch); the rest of the stretch is badput, each poll interval
+    charged to the cause in force: start-up until the first step, then the last resize or stop, until
+    steps advance again. A step counter that goes back means steps redone: their time moves from
+    productive to ``wasted_progress_from_disruption``.
     """
     polls = sorted(polls, key=lambda p: p.t)
     end = end_s if end_s is not None else (polls[-1].t if polls else 0.0)
@@ -150,14 +161,25 @@ def goodput(polls: Sequence[Poll], min_world: int, end_s: float | None = None) -
     cause = PROGRAM_STARTUP
     stopped = False  # fewer workers than the job needs: the next re-forming is a restart
     last_t, last_step, last_world, best = 0.0, 0, 0, 0
+    # Poll intervals since the step count last changed, with their causes. When it changes, the steps
+    # done are charged at the ideal step time to the end of that stretch (they were just trained), and
+    # what is left of it is badput, by interval.
+    stretch: list[tuple[float, str]] = []
+
+    def settle(work: float) -> None:
+        for duration, why in reversed(stretch):
+            took = min(duration, work)
+            work -= took
+            out.badput_s[why] += duration - took
+        stretch.clear()
+
     for p in polls:
         if p.t > end:
             break
-        dt = p.t - last_t
         step = p.step if p.step is not None else last_step
         done = step - last_step
-        # What this interval's stall is charged to: a world change seen at its end started inside it
-        # (a resize), except after a wait, which lasted until the capacity came.
+        # A world change seen at the end of an interval started inside it (a resize), except after a
+        # wait, which lasted until the capacity came.
         if cause != PROGRAM_STARTUP and p.world != last_world:
             if p.world == 0:  # the workers are gone: the job is finishing
                 new_cause = OTHER
@@ -167,15 +189,17 @@ def goodput(polls: Sequence[Poll], min_world: int, end_s: float | None = None) -
                 new_cause = TRAINING_PREP
             else:
                 new_cause = SCALE_UP if p.world > last_world else SLICE_DOWN
-            charged = cause if cause == INFRA_RECOVERY else new_cause
+            stretch.append((p.t - last_t, cause if cause == INFRA_RECOVERY else new_cause))
             cause = new_cause
         else:
-            charged = cause
+            stretch.append((p.t - last_t, cause))
         if done < 0:  # restarted from an older checkpoint: the steps above it are done again
-            charged = cause = TRAINING_PREP
-        work = 0.0  # the part of the interval spent stepping, at the ideal step time
-        if done > 0:
-            work = min(dt, done * step_s(p.world or last_world))
+            stretch[-1] = (stretch[-1][0], TRAINING_PREP)
+            settle(0.0)
+            cause = OTHER
+        elif done > 0:
+            span = sum(d for d, _ in stretch)
+            work = min(span, done * step_s(p.world or last_world))
             redone = done - max(0, step - best)
             if redone > 0:  # steps trained already, before a restart from an older checkpoint
                 redo_s = work * redone / done
@@ -183,12 +207,13 @@ def goodput(polls: Sequence[Poll], min_world: int, end_s: float | None = None) -
                 out.productive_s -= redo_s
                 out.steps_redone += redone
             best = max(best, step)
+            out.productive_s += work
+            settle(work)
             cause, stopped = OTHER, False
-        out.productive_s += work
-        out.badput_s[charged] += dt - work
         if done <= 0 and cause != PROGRAM_STARTUP and 0 < p.world < min_world:
             cause, stopped = INFRA_RECOVERY, True
         last_t, last_step, last_world = p.t, step, p.world
+    settle(0.0)
     out.badput_s[OTHER] += max(0.0, end - last_t)  # after the last poll: the finish
     out.steps = best
     return out

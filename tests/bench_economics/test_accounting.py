@@ -92,3 +92,13 @@ def test_goodput(case: str) -> None:
     # every second is accounted for exactly once
     assert gp.productive_s + sum(gp.badput_s.values()) == pytest.approx(end)
     assert gp.goodput == pytest.approx(productive / end)
+
+
+def test_polls_that_repeat_the_last_progress_are_not_badput() -> None:
+    # Progress reaches the status every 2 s, the poll runs every second: 1 s/step throughout.
+    rows: list[tuple[float, int, int | None]] = [(0, 2, 0)]
+    for t in range(1, 21):
+        rows.append((float(t), 2, (t // 2) * 2))
+    gp = goodput(_polls(rows), 1, 20)
+    assert gp.ideal_step_s == {2: pytest.approx(1.0)}
+    assert gp.productive_s == pytest.approx(20.0)
