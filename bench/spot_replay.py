@@ -104,6 +104,7 @@ class ReplayDemo(Demo):
         horizon = self.script.timeout_s + 60
         self.steps = list(schedule(arm.trace, time_scale, horizon)) if arm.trace else []
         self.log = CapacityLog()
+        self.phases: list[str | None] = []  # the job's phase at each poll
         self.notices: dict[str, float] = {}  # node → monotonic time of its interruption notice
         self.spot_live: list[str] = []  # in service (not noticed), oldest first
         self.serial = 0
@@ -150,6 +151,8 @@ class ReplayDemo(Demo):
 
     def job(self) -> JSON:
         job = super().job()
+        # Demo.run appends one sample per call, right after it: the phase goes with that sample.
+        self.phases.append((job.get("status") or {}).get("phase"))
         try:
             self.follow_trace()
         except Exception as e:  # a failed step is recorded, not fatal: the next poll tries again
@@ -260,13 +263,15 @@ def run_arm(kubeconfig: Path, arm: ArmSpec, args: argparse.Namespace, run_dir: P
             continue
         finally:
             demo.cleanup(delete_job=True)
-        out = summarize(arm, result, demo.log, args)
+        out = summarize(arm, result, demo.log, args, demo.phases)
         out["attempt"] = attempt
         return out
     raise RuntimeError(f"arm {arm.name}: another job kept taking port 29400 ({args.attempts} attempts)")
 
 
-def summarize(arm: ArmSpec, result: DemoResult, log: CapacityLog, args: argparse.Namespace) -> JSON:
+def summarize(
+    arm: ArmSpec, result: DemoResult, log: CapacityLog, args: argparse.Namespace, phases: list[str | None]
+) -> JSON:
     from bench.chaos import check_samples
 
     from etj_operator.demo_view import logged_accuracy
@@ -276,7 +281,11 @@ def summarize(arm: ArmSpec, result: DemoResult, log: CapacityLog, args: argparse
     end = result.samples[-1]["t"] if result.samples else 0.0
     prices = Prices(args.price_spot, args.price_on_demand)
     seconds = node_seconds(log.spans, end)
-    polls = [Poll(s["t"], int(s["world"] or 0), s["step"]) for s in result.samples]
+    phases = phases + [None] * (len(result.samples) - len(phases))
+    polls = [
+        Poll(s["t"], int(s["world"] or 0), s["step"], waiting=phase == "Pending")
+        for s, phase in zip(result.samples, phases, strict=False)
+    ]
     gp = goodput(polls, arm.replicas_min, end)
     accuracy = (status.get("progress") or {}).get("accuracy")
     if accuracy is None:
@@ -308,6 +317,7 @@ def summarize(arm: ArmSpec, result: DemoResult, log: CapacityLog, args: argparse
             "t": [round(s["t"], 1) for s in result.samples],
             "world": [s["world"] for s in result.samples],
             "step": [s["step"] for s in result.samples],
+            "phase": phases[: len(result.samples)],
             "sps": [s["sps"] for s in result.samples],
             "cost": [
                 round(c, 4)

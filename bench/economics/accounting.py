@@ -81,11 +81,14 @@ def cost_curve(
 
 @dataclass(frozen=True)
 class Poll:
-    """One look at the job: seconds since submission, world size, global step (None before any)."""
+    """One look at the job: seconds since submission, world size, global step (None before any), and
+    whether it is waiting for workers (fewer running than ``replicas.min``: the status's phase is Pending;
+    the world size then still shows the last one trained at)."""
 
     t: float
     world: int
     step: int | None
+    waiting: bool = False
 
 
 @dataclass
@@ -178,18 +181,27 @@ def goodput(polls: Sequence[Poll], min_world: int, end_s: float | None = None) -
             break
         step = p.step if p.step is not None else last_step
         done = step - last_step
-        # A world change seen at the end of an interval started inside it (a resize), except after a
-        # wait, which lasted until the capacity came.
-        if cause != PROGRAM_STARTUP and p.world != last_world:
+        # What the interval ending at this poll is charged to. A change seen at its end started inside
+        # it, except the end of a wait, which lasted until the capacity came.
+        # Before the first step it is all start-up, as in ml-goodput-measurement (the phase is Pending
+        # then too, and the world grows worker by worker).
+        below = best > 0 and (p.waiting or 0 < p.world < min_world)
+        if below and not stopped:  # the job has stopped: waiting for capacity
+            stopped = True
+            stretch.append((p.t - last_t, INFRA_RECOVERY))
+            cause = INFRA_RECOVERY
+        elif stopped and not below:  # capacity is back: (re)start
+            stretch.append((p.t - last_t, INFRA_RECOVERY))
+            stopped = False
+            cause = TRAINING_PREP if best > 0 else PROGRAM_STARTUP
+        elif not stopped and cause != PROGRAM_STARTUP and p.world != last_world:
             if p.world == 0:  # the workers are gone: the job is finishing
                 new_cause = OTHER
-            elif p.world < min_world:
-                new_cause, stopped = INFRA_RECOVERY, True
-            elif stopped or last_world == 0:
+            elif last_world == 0:
                 new_cause = TRAINING_PREP
             else:
                 new_cause = SCALE_UP if p.world > last_world else SLICE_DOWN
-            stretch.append((p.t - last_t, cause if cause == INFRA_RECOVERY else new_cause))
+            stretch.append((p.t - last_t, new_cause))
             cause = new_cause
         else:
             stretch.append((p.t - last_t, cause))
@@ -209,9 +221,8 @@ def goodput(polls: Sequence[Poll], min_world: int, end_s: float | None = None) -
             best = max(best, step)
             out.productive_s += work
             settle(work)
-            cause, stopped = OTHER, False
-        if done <= 0 and cause != PROGRAM_STARTUP and 0 < p.world < min_world:
-            cause, stopped = INFRA_RECOVERY, True
+            if not stopped:
+                cause = OTHER
         last_t, last_step, last_world = p.t, step, p.world
     settle(0.0)
     out.badput_s[OTHER] += max(0.0, end - last_t)  # after the last poll: the finish

@@ -102,3 +102,22 @@ def test_polls_that_repeat_the_last_progress_are_not_badput() -> None:
     gp = goodput(_polls(rows), 1, 20)
     assert gp.ideal_step_s == {2: pytest.approx(1.0)}
     assert gp.productive_s == pytest.approx(20.0)
+
+
+def test_a_stopped_job_is_waiting_even_when_its_world_size_is_stale() -> None:
+    # The status keeps the last world trained at while the job waits (phase Pending): the wait is
+    # infrastructure recovery, the re-forming a restart.
+    rows = [
+        Poll(0, 0, None),
+        Poll(10, 3, 0),
+        Poll(20, 3, 10),
+        Poll(21, 3, 10, waiting=True),
+        Poll(50, 3, 10, waiting=True),
+        Poll(51, 3, 10),
+        Poll(60, 3, 12),
+        Poll(70, 3, 22),
+    ]
+    gp = goodput(rows, 3, 70)
+    assert gp.badput_s[INFRA_RECOVERY] == pytest.approx(31.0)  # 20→51: the wait until capacity came
+    assert gp.badput_s[TRAINING_PREP] == pytest.approx(7.0)  # 51→60 less the 2 steps trained
+    assert gp.productive_s == pytest.approx(22.0)
