@@ -32,7 +32,9 @@ import argparse
 import copy
 import json
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -105,6 +107,7 @@ class ReplayDemo(Demo):
         self.steps = list(schedule(arm.trace, time_scale, horizon)) if arm.trace else []
         self.log = CapacityLog()
         self.phases: list[str | None] = []  # the job's phase at each poll
+        self._clients_checked = 0.0
         self.notices: dict[str, float] = {}  # node → monotonic time of its interruption notice
         self.spot_live: list[str] = []  # in service (not noticed), oldest first
         self.serial = 0
@@ -158,7 +161,21 @@ class ReplayDemo(Demo):
         except Exception as e:  # a failed step is recorded, not fatal: the next poll tries again
             self.event(f"replay step failed: {e!r}")
         self.check_store()
+        self.check_clients()
         return job
+
+    def check_clients(self) -> None:
+        """The other way round: another job's store could not bind (we hold the port), so its workers,
+        which dial their store's pod IP on port 29400, reach ours and post their progress into our
+        status. Any client of ports 29400/29401 whose process belongs to another harness means that."""
+        if time.monotonic() < self._clients_checked + 5:
+            return
+        self._clients_checked = time.monotonic()
+        ours = str(self.run_dir / "proclet")
+        for pid in store_clients():
+            root = proclet_root(pid)
+            if root is not None and root != ours:
+                raise StoreTaken(f"process {pid} of another harness ({root}) is a client of our store")
 
     def check_store(self) -> None:
         """Process-backed pods share this machine's network, and the rendezvous store listens on
@@ -207,6 +224,32 @@ class ReplayDemo(Demo):
         offered = (self.now(), len(self.spot_live), self.arm.on_demand)
         if not self.log.offered or self.log.offered[-1][1:] != offered[1:]:
             self.log.offered.append(offered)
+
+
+def store_clients() -> set[int]:
+    """Pids with a TCP connection to port 29400 or 29401 on this machine (``ss``, iproute2)."""
+    try:
+        out = subprocess.run(
+            ["ss", "-Htnp", "state", "established", "( dport = :29400 or dport = :29401 )"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {int(m) for m in re.findall(r"pid=(\d+)", out)}
+
+
+def proclet_root(pid: int) -> str | None:
+    """The process-node harness root a pod process belongs to (its ETJ_PROCLET_ROOT), if any."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"ETJ_PROCLET_ROOT="):
+            return item.split(b"=", 1)[1].decode(errors="replace")
+    return None
 
 
 def arm_specs(trace: Trace, on_demand: int, spot_nodes: int, arms: list[str]) -> list[ArmSpec]:
