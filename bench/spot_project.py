@@ -255,9 +255,7 @@ def sensitivity(job: JobModel, args: argparse.Namespace) -> str:
     on-demand floors of 0-4 nodes and spot at 30 % and 50 % of the on-demand price."""
     traces = all_traces(args.traces)
     lines = [
-        "| floor | spot price | "
-        + " | ".join(t.name.replace("_v100_1", "") for t in traces)
-        + " |",
+        "| floor | spot price | " + " | ".join(t.name.replace("_v100_1", "") for t in traces) + " |",
         "|---|---|" + "---|" * len(traces),
     ]
     for floor in (0, 1, 2, 4):
