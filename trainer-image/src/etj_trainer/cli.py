@@ -6,24 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-TRAIN_FLAGS = {  # flag -> env var (the same ETJ_* the operator sets, plus trainer extensions)
-    "data": "ETJ_DATA",
-    "val_data": "ETJ_VAL_DATA",
-    "model": "ETJ_MODEL",
-    "epochs": "ETJ_EPOCHS",
-    "max_steps": "ETJ_MAX_STEPS",
-    "global_batch_size": "ETJ_GLOBAL_BATCH_SIZE",
-    "micro_batch_size": "ETJ_MICRO_BATCH_SIZE",
-    "resize_policy": "ETJ_RESIZE_POLICY",
-    "dsgd_ramp_steps": "ETJ_DSGD_RAMP_STEPS",
-    "seed": "ETJ_SEED",
-    "lr": "ETJ_LR",
-    "checkpoint_dir": "ETJ_CHECKPOINT_DIR",
-    "checkpoint_interval_steps": "ETJ_CHECKPOINT_INTERVAL_STEPS",
-    "sample_log_dir": "ETJ_SAMPLE_LOG_DIR",
-    "dtype": "ETJ_DTYPE",
-    "min_step_seconds": "ETJ_MIN_STEP_SECONDS",
-}
+from etj_contract import env as etj_env
+from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
+
+# --<field> flag -> the variable it sets (etj_contract.env marks which are flags).
+TRAIN_FLAGS = {var.field: var.name for var in etj_env.TRAIN_FLAGS if var.field is not None}
 
 
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
@@ -40,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("store", help="rendezvous pod: TCPStore + HTTP progress server")
     st.add_argument("--host", default="0.0.0.0")
-    st.add_argument("--port", type=int, default=29400)
-    st.add_argument("--http-port", type=int, default=29401)
+    st.add_argument("--port", type=int, default=RDZV_PORT)
+    st.add_argument("--http-port", type=int, default=PROGRESS_PORT)
     sub.add_parser("worker", help="worker pod: elastic agent from the ETJ_* environment")
     lo = sub.add_parser("local", help="run store + N agents on loopback, resizing on a schedule")
     lo.add_argument("--nodes", type=int, default=2)
@@ -75,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         for ev in parse_schedule(ns.schedule):
             n += ev.count if ev.action == "+" else -ev.count
             peak = max(peak, n)
-        env = {"ETJ_MAX_WORKERS": str(ns.max_nodes or peak), **_train_env(ns)}
+        env = {etj_env.MAX_WORKERS.name: str(ns.max_nodes or peak), **_train_env(ns)}
         return local_main(ns.nodes, ns.schedule, env, ns.log_dir)
     if ns.cmd == "train":
         import os

@@ -134,7 +134,7 @@ class DaliImageSource:
         device_id = torch.cuda.current_device() if self.use_gpu else None
         size = self.image_size
 
-        @pipeline_def(
+        @pipeline_def(  # type: ignore[untyped-decorator]  # DALI is untyped (imported as Any above)
             batch_size=self.max_batch,
             num_threads=self.threads,
             device_id=device_id,

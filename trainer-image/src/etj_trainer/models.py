@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 
-import torch
 from torch import nn
 
 
@@ -39,11 +38,3 @@ def build_model(spec: str, num_classes: int) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"{spec} did not return a torch.nn.Module")
     return model
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])

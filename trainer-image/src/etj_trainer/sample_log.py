@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ class SampleLog:
 
 def consumed_per_epoch(directory: Path) -> dict[int, list[int]]:
     """Sample ids per epoch, counting each step once (its latest incarnation, all of that run's ranks)."""
-    by_step: dict[int, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    by_step: dict[int, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for f in sorted(directory.glob("samples-*.jsonl")):
         for line in f.read_text().splitlines():
             if line.strip():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -26,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from etj_contract.progress import ProgressDoc, ResizeRecord
 from etj_trainer import regroup
 from etj_trainer.batching import ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore
@@ -314,7 +316,8 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         if rank == 0:
             payload = _progress(sampler, step, meta, rate, loss_val, world, plan, opt)
             payload.update(finished=True, accuracy=accuracy)
-            reporter.report(payload, force=True)
+            # Synchronous and retried: the operator marks the job Succeeded from this report.
+            reporter.finish(payload)
             print(
                 "ETJ_RESULT "
                 + json.dumps({"step": step, "loss": loss_val, "accuracy": accuracy, "worldSize": world}),
@@ -386,17 +389,17 @@ def _progress(
     plan: Any,
     opt: DynamicSGD,
 ) -> dict[str, Any]:
-    return {
-        "epoch": sampler.epoch,
-        "step": step,
-        "samplesSeen": meta["samples_seen"],
-        "samplesPerSecond": round(rate, 2),
-        "loss": loss,
-        "worldSize": world,
-        "perWorkerBatch": plan.per_worker_batch,
-        "accumulationSteps": plan.accumulation_steps,
-        "lrMultiplier": opt.lr_multiplier,
-        "lastCheckpoint": meta.get("last_checkpoint"),
-        "resizes": meta["resizes"],
-        "finished": False,
-    }
+    doc = ProgressDoc(
+        epoch=sampler.epoch,
+        step=step,
+        samples_seen=meta["samples_seen"],
+        samples_per_second=round(rate, 2),
+        loss=loss if math.isfinite(loss) else None,
+        world_size=world,
+        per_worker_batch=plan.per_worker_batch,
+        accumulation_steps=plan.accumulation_steps,
+        lr_multiplier=opt.lr_multiplier,
+        last_checkpoint=meta.get("last_checkpoint"),
+        resizes=tuple(r for r in map(ResizeRecord.from_json, meta["resizes"]) if r is not None),
+    )
+    return doc.to_json()

@@ -186,34 +186,18 @@ def set_condition(
     """
     if isinstance(status, bool):
         status = ConditionStatus.TRUE if status else ConditionStatus.FALSE
-    now = now or datetime.now(UTC)
-    out: list[Condition] = []
-    found = False
-    for cond in conditions:
-        if cond.type != type_:
-            out.append(cond)
-            continue
-        found = True
-        changed = cond.status != status
-        out.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                observed_generation=generation,
-                last_transition_time=now if changed else cond.last_transition_time,
-            )
+    new_status, at = status, now or datetime.now(UTC)
+
+    def upserted(old: Condition | None) -> Condition:
+        return Condition(
+            type=type_,
+            status=new_status,
+            reason=reason,
+            message=message,
+            observed_generation=generation,
+            last_transition_time=old.last_transition_time if old and old.status == new_status else at,
         )
-    if not found:
-        out.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                observed_generation=generation,
-                last_transition_time=now,
-            )
-        )
-    return out
+
+    if any(c.type == type_ for c in conditions):
+        return [upserted(c) if c.type == type_ else c for c in conditions]
+    return [*conditions, upserted(None)]
