@@ -6,7 +6,7 @@ newest spot nodes get what the AWS Node Termination Handler does on an interrupt
 ``aws-node-termination-handler/spot-itn:NoSchedule`` and a cordon) and are deleted once drained (or when
 the notice runs out); when it rises, new spot nodes appear. A fixed on-demand pool stands beside them. The
 demo's job (examples/demo-cpu.yaml: digits CNN, global batch 64) runs through it with the real operator and
-trainer (`etj_operator.demo.Demo`, process-backed nodes), three times, one after the other:
+trainer (`etj_testbed.demo.local.Demo`, process-backed nodes), three times, one after the other:
 
 - ``etj``: the elastic job, 1 to P workers (P = on-demand pool + the most spot nodes), on both pools;
 - ``ckpt_restart``: the same job with min = max = P on the same nodes: it trains only while P workers
@@ -62,7 +62,8 @@ from bench.economics.accounting import (  # noqa: E402
 from bench.economics.traces import Trace, busiest_window, resolve_trace, scaled, schedule  # noqa: E402
 
 from etj_operator.constants import ROLE_RENDEZVOUS  # noqa: E402
-from etj_operator.demo import SPOT_ITN, Demo, DemoResult, Script  # noqa: E402
+from etj_testbed.demo.local import Demo  # noqa: E402
+from etj_testbed.demo.script import SPOT_ITN, DemoResult, Script  # noqa: E402
 
 JSON = dict[str, Any]
 # p3.2xlarge (1 V100, the traces' instance type), us-east-1, Linux: on-demand list price; spot: 30 % of it,
@@ -275,7 +276,7 @@ def job_manifest(base: JSON, arm: ArmSpec, epochs: int) -> JSON:
 
 
 def run_arm(kubeconfig: Path, arm: ArmSpec, args: argparse.Namespace, run_dir: Path, base: JSON) -> JSON:
-    script = Script(interrupt_epoch=10**6, timeout_s=args.arm_timeout, ports_wait_s=900)
+    script = Script(interrupt_epoch=10**6, timeout_s=args.arm_timeout)
     instance = f"rp{arm.name.replace('_', '')[:6]}"
     for attempt in range(1, args.attempts + 1):
         demo = ReplayDemo(
@@ -317,7 +318,7 @@ def summarize(
 ) -> JSON:
     from bench.chaos import check_samples
 
-    from etj_operator.demo_view import logged_accuracy
+    from etj_testbed.demo.view import logged_accuracy
 
     status = result.status.get("status") or {}
     finished = result.phase == "Succeeded"
@@ -523,8 +524,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     os.environ.setdefault("ETJ_CLUSTER_NAME", "replay")
     os.environ.setdefault("ETJ_CLUSTER_PORT_BASE", "18600")
-    from etj_operator.localcluster import toolchain
-    from etj_operator.localcluster.cluster import LocalCluster
+    from etj_testbed.localcluster import toolchain
+    from etj_testbed.localcluster.cluster import LocalCluster
 
     run_dir = args.run_dir or toolchain.cache_root() / "replay" / time.strftime("%Y%m%d-%H%M%S")
     signal.signal(signal.SIGINT, signal.default_int_handler)
