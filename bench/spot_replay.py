@@ -109,6 +109,7 @@ class ReplayDemo(Demo):
         self.log = CapacityLog()
         self.phases: list[str | None] = []  # the job's phase at each poll
         self._clients_checked = 0.0
+        self.store_ip: str | None = None
         self.notices: dict[str, float] = {}  # node → monotonic time of its interruption notice
         self.spot_live: list[str] = []  # in service (not noticed), oldest first
         self.serial = 0
@@ -166,14 +167,15 @@ class ReplayDemo(Demo):
         return job
 
     def check_clients(self) -> None:
-        """The other way round: another job's store could not bind (we hold the port), so its workers,
-        which dial their store's pod IP on port 29400, reach ours and post their progress into our
-        status. Any client of ports 29400/29401 whose process belongs to another harness means that."""
-        if time.monotonic() < self._clients_checked + 5:
+        """The other way round: another job's store could not bind (a store that listens on 0.0.0.0 holds
+        the port), so its workers, which dial their store's pod IP on port 29400, reach ours and post
+        their progress into our status. A client of our store whose process belongs to another harness
+        means that. (Stores bind their pod IPs now, so this should not happen any more.)"""
+        if time.monotonic() < self._clients_checked + 5 or not self.store_ip:
             return
         self._clients_checked = time.monotonic()
         ours = str(self.run_dir / "proclet")
-        for pid in store_clients():
+        for pid in store_clients(self.store_ip):
             root = proclet_root(pid)
             if root is not None and root != ours:
                 raise StoreTaken(f"process {pid} of another harness ({root}) is a client of our store")
@@ -188,6 +190,7 @@ class ReplayDemo(Demo):
             labelSelector=f"etj.dev/job={self.name},etj.dev/role={ROLE_RENDEZVOUS}",
         )
         for pod in pods.get("items") or []:
+            self.store_ip = (pod.get("status") or {}).get("podIP") or self.store_ip
             for cs in (pod.get("status") or {}).get("containerStatuses") or []:
                 if cs.get("restartCount"):
                     raise StoreTaken(
@@ -227,8 +230,8 @@ class ReplayDemo(Demo):
             self.log.offered.append(offered)
 
 
-def store_clients() -> set[int]:
-    """Pids with a TCP connection to port 29400 or 29401 on this machine (``ss``, iproute2)."""
+def store_clients(store_ip: str) -> set[int]:
+    """Pids with a TCP connection to ``store_ip`` port 29400 or 29401 (``ss``, iproute2)."""
     try:
         out = subprocess.run(
             ["ss", "-Htnp", "state", "established", "( dport = :29400 or dport = :29401 )"],
@@ -238,7 +241,13 @@ def store_clients() -> set[int]:
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return set()
-    return {int(m) for m in re.findall(r"pid=(\d+)", out)}
+    pids: set[int] = set()
+    for line in out.splitlines():
+        fields = line.split()
+        # Recv-Q Send-Q Local:Port Peer:Port Process
+        if len(fields) >= 4 and fields[3].rsplit(":", 1)[0] == store_ip:
+            pids.update(int(m) for m in re.findall(r"pid=(\d+)", line))
+    return pids
 
 
 def proclet_root(pid: int) -> str | None:
