@@ -48,6 +48,9 @@ def replay_markdown(reports: list[JSON]) -> str:
             f"| {r['trace']} | {od.get('cost', '-')} | {od.get('time', '-')} | {ck.get('cost', '-')} "
             f"| {ck.get('time', '-')} | {ck.get('baseline_finished', '-')} |"
         )
+    notes = [f"- {r['trace']}: {r['note']}" for r in reports if r.get("note")]
+    if notes:
+        lines += ["", *notes]
     return "\n".join(lines) + "\n"
 
 
