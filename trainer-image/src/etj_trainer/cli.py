@@ -1,4 +1,4 @@
-"""``etj-train``: store | worker | local | train | make-digits."""
+"""``etj-train``: store | worker | local | train | make-digits | prepare."""
 
 from __future__ import annotations
 
@@ -23,16 +23,40 @@ TRAIN_FLAGS = {  # flag -> env var (the same ETJ_* the operator sets, plus train
     "sample_log_dir": "ETJ_SAMPLE_LOG_DIR",
     "dtype": "ETJ_DTYPE",
     "min_step_seconds": "ETJ_MIN_STEP_SECONDS",
+    # the training recipe (spec.training.optimizer / lrSchedule / precision / augmentation)
+    "momentum": "ETJ_MOMENTUM",
+    "weight_decay": "ETJ_WEIGHT_DECAY",
+    "label_smoothing": "ETJ_LABEL_SMOOTHING",
+    "lr_schedule": "ETJ_LR_SCHEDULE",
+    "warmup_epochs": "ETJ_WARMUP_EPOCHS",
+    "lr_milestones": "ETJ_LR_MILESTONES",
+    "lr_gamma": "ETJ_LR_GAMMA",
+    "lr_power": "ETJ_LR_POWER",
+    "lr_final_fraction": "ETJ_LR_FINAL_FRACTION",
+    "precision": "ETJ_PRECISION",
+    "augment": "ETJ_AUGMENT",
+    "min_crop_scale": "ETJ_MIN_CROP_SCALE",
+    "val_resize": "ETJ_VAL_RESIZE",
+    "image_size": "ETJ_IMAGE_SIZE",
+}
+SWITCHES = {"nesterov": "ETJ_NESTEROV"}  # flags without a value: present = on
+CHOICES = {
+    "lr_schedule": ("constant", "step", "cosine", "poly"),
+    "precision": ("fp32", "bf16", "fp16"),
+    "augment": ("none", "standard"),
 }
 
 
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
     for name in TRAIN_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None)
+        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, choices=CHOICES.get(name))
+    for name in SWITCHES:
+        p.add_argument("--" + name.replace("_", "-"), dest=name, action="store_const", const="1")
 
 
 def _train_env(ns: argparse.Namespace) -> dict[str, str]:
-    return {env: str(getattr(ns, k)) for k, env in TRAIN_FLAGS.items() if getattr(ns, k) is not None}
+    flags = {**TRAIN_FLAGS, **SWITCHES}
+    return {env: str(getattr(ns, k)) for k, env in flags.items() if getattr(ns, k) is not None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     md = sub.add_parser("make-digits", help="write scikit-learn digits as JPEG folders + tar shards")
     md.add_argument("out_dir", type=Path)
     md.add_argument("--image-size", type=int, default=32)
+    pr = sub.add_parser(
+        "prepare", help="write a public data set in the packed format (DIR/train.tar, val.tar)"
+    )
+    pr.add_argument("dataset", choices=["fashion-mnist"])
+    pr.add_argument("out_dir", type=Path)
+    pr.add_argument("--image-size", type=int, default=None, help="resize (default: keep 28x28)")
     ns = ap.parse_args(argv)
 
     if ns.cmd == "store":
@@ -96,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         from etj_trainer.digits import make_digits
 
         print(make_digits(ns.out_dir, ns.image_size))
+        return 0
+    if ns.cmd == "prepare":
+        from etj_trainer import fashion_mnist
+
+        try:
+            print(fashion_mnist.prepare(ns.out_dir, ns.image_size))
+        except fashion_mnist.MissingDataset as e:
+            print(f"etj-train: {e}", file=sys.stderr)
+            return 1
         return 0
     return 2
 

@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from etj_trainer.augment import Augmentation
 from etj_trainer.batching import ResizePolicy
+from etj_trainer.schedule import LrSchedule, ScheduleType, parse_milestones
 
 
 @dataclass
@@ -29,6 +31,20 @@ class TrainConfig:
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 0.0
+    nesterov: bool = False
+    no_wd_norm_bias: bool = True  # no weight decay on BatchNorm/LayerNorm weights and biases (1-d params)
+    label_smoothing: float = 0.0
+    # LR schedule over samples seen (schedule.py); the LR above belongs to global_batch_size
+    lr_schedule: ScheduleType = ScheduleType.CONSTANT
+    warmup_epochs: float = 0.0
+    lr_milestones: tuple[float, ...] = ()
+    lr_gamma: float = 0.1
+    lr_power: float = 1.0
+    lr_final_fraction: float = 0.0
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)
+    augment: Augmentation = Augmentation.NONE
+    min_crop_scale: float = 0.08  # "standard": random-resized-crop area fraction in [min_crop_scale, 1]
+    val_resize: int = 0  # validation: shorter side resized to this, then center crop (0: image_size)
     sync_batchnorm: bool = False
     checkpoint_dir: Path | None = None
     checkpoint_interval_steps: int = 100
@@ -63,6 +79,7 @@ class TrainConfig:
             "ETJ_MAX_STEPS": "max_steps",
             "ETJ_NUM_CLASSES": "num_classes",
             "ETJ_IMAGE_SIZE": "image_size",
+            "ETJ_VAL_RESIZE": "val_resize",
         }
         for var, attr in ints.items():
             if (v := get(var)) is not None:
@@ -74,6 +91,7 @@ class TrainConfig:
             "ETJ_PROGRESS_URL": "progress_url",
             "ETJ_JOB_NAME": "job_name",
             "ETJ_DTYPE": "dtype",
+            "ETJ_PRECISION": "precision",
         }
         for var, attr in strs.items():
             if (v := get(var)) is not None:
@@ -82,13 +100,31 @@ class TrainConfig:
             ("ETJ_LR", "lr"),
             ("ETJ_MOMENTUM", "momentum"),
             ("ETJ_MIN_STEP_SECONDS", "min_step_seconds"),
+            ("ETJ_WEIGHT_DECAY", "weight_decay"),
+            ("ETJ_LABEL_SMOOTHING", "label_smoothing"),
+            ("ETJ_WARMUP_EPOCHS", "warmup_epochs"),
+            ("ETJ_LR_GAMMA", "lr_gamma"),
+            ("ETJ_LR_POWER", "lr_power"),
+            ("ETJ_LR_FINAL_FRACTION", "lr_final_fraction"),
+            ("ETJ_MIN_CROP_SCALE", "min_crop_scale"),
         ):
             if (v := get(var)) is not None:
                 setattr(cfg, attr, float(v))
         if (v := get("ETJ_RESIZE_POLICY")) is not None:
             cfg.resize_policy = ResizePolicy(v)
-        if (v := get("ETJ_SYNC_BATCHNORM")) is not None:
-            cfg.sync_batchnorm = v.lower() in ("1", "true", "yes")
+        for var, attr in (
+            ("ETJ_SYNC_BATCHNORM", "sync_batchnorm"),
+            ("ETJ_NESTEROV", "nesterov"),
+            ("ETJ_NO_WD_NORM_BIAS", "no_wd_norm_bias"),
+        ):
+            if (v := get(var)) is not None:
+                setattr(cfg, attr, v.lower() in ("1", "true", "yes"))
+        if (v := get("ETJ_LR_SCHEDULE")) is not None:
+            cfg.lr_schedule = ScheduleType(v)
+        if (v := get("ETJ_LR_MILESTONES")) is not None:
+            cfg.lr_milestones = parse_milestones(v)
+        if (v := get("ETJ_AUGMENT")) is not None:
+            cfg.augment = Augmentation(v)
         if (v := get("ETJ_CHECKPOINT_DIR")) is not None:
             cfg.checkpoint_dir = Path(v)
         if (v := get("ETJ_LOCAL_CHECKPOINT_DIR")) is not None:
@@ -105,3 +141,15 @@ class TrainConfig:
                 raise TypeError(f"unknown config field {k}")
             setattr(cfg, k, val)
         return cfg
+
+    def schedule(self) -> LrSchedule:
+        """The LR schedule (validated: warm-up shorter than training, milestones inside it)."""
+        return LrSchedule(
+            type=self.lr_schedule,
+            epochs=self.epochs,
+            warmup_epochs=self.warmup_epochs,
+            milestones=tuple(self.lr_milestones),
+            gamma=self.lr_gamma,
+            power=self.lr_power,
+            final_lr_fraction=self.lr_final_fraction,
+        )
