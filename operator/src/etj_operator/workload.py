@@ -14,6 +14,7 @@ from etj_operator.api.models import (
     KIND,
     CapacityType,
     ElasticTrainingJobSpec,
+    TrainingSpec,
 )
 from etj_operator.constants import (
     LABEL_CAPACITY_OVERRIDE,
@@ -164,6 +165,29 @@ def _restricted_pod() -> dict[str, Any]:
     }
 
 
+def recipe_env(training: TrainingSpec) -> dict[str, object]:
+    """The training recipe (spec.training.optimizer/lrSchedule/precision/augmentation) as ETJ_* values."""
+    opt, sched, aug = training.optimizer, training.lr_schedule, training.augmentation
+    return {
+        "ETJ_LR": opt.lr_at(training.global_batch_size),
+        "ETJ_MOMENTUM": opt.momentum,
+        "ETJ_NESTEROV": str(opt.nesterov).lower(),
+        "ETJ_WEIGHT_DECAY": opt.weight_decay,
+        "ETJ_NO_WD_NORM_BIAS": str(opt.no_weight_decay_on_norm_and_bias).lower(),
+        "ETJ_LABEL_SMOOTHING": opt.label_smoothing,
+        "ETJ_LR_SCHEDULE": sched.type.value,
+        "ETJ_WARMUP_EPOCHS": sched.warmup_epochs,
+        "ETJ_LR_MILESTONES": ",".join(f"{m:g}" for m in sched.milestones),
+        "ETJ_LR_GAMMA": sched.gamma,
+        "ETJ_LR_POWER": sched.power,
+        "ETJ_LR_FINAL_FRACTION": sched.final_lr_fraction,
+        "ETJ_PRECISION": training.precision.value,
+        "ETJ_AUGMENT": aug.type.value,
+        "ETJ_MIN_CROP_SCALE": aug.min_crop_scale,
+        "ETJ_VAL_RESIZE": aug.validation_resize or 0,  # 0: the training image size
+    }
+
+
 def worker_env(
     spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, pod: str
 ) -> list[dict[str, Any]]:
@@ -188,6 +212,7 @@ def worker_env(
         "ETJ_CHECKPOINT_DIR": spec.checkpoint.location,
         "ETJ_CHECKPOINT_INTERVAL_STEPS": spec.checkpoint.interval_steps,
         "ETJ_PROGRESS_URL": f"http://{host}:{PROGRESS_PORT}/progress",
+        **recipe_env(training),
         # The root filesystem is read-only: caches go to the /tmp emptyDir.
         "HOME": "/tmp",
     }

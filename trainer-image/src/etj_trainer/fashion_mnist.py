@@ -56,7 +56,7 @@ def _idx(path: Path) -> np.ndarray:
         raise ValueError(f"{path}: not an unsigned-byte idx file")
     ndim = raw[3]
     dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims).copy()  # writable
 
 
 def load_split(split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,8 @@ from etj_operator.api._base import (
 DEFAULT_COMMAND = ["etj-train", "worker"]
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 # Variables the operator sets on every worker (docs/contract.md). Users may not override them; other ETJ_*
-# names (ETJ_DATA, ETJ_MODEL, ETJ_LR, ...) are trainer settings users are expected to pass.
+# names (ETJ_DATA, ETJ_MODEL, ETJ_IMAGE_SIZE, ...) are trainer settings users are expected to pass. The recipe
+# (ETJ_LR ... ETJ_VAL_RESIZE) comes from spec.training, so it has one source.
 RESERVED_ENV = (
     "ETJ_JOB_NAME",
     "ETJ_NAMESPACE",
@@ -41,6 +42,22 @@ RESERVED_ENV = (
     "ETJ_CHECKPOINT_DIR",
     "ETJ_CHECKPOINT_INTERVAL_STEPS",
     "ETJ_PROGRESS_URL",
+    "ETJ_LR",
+    "ETJ_MOMENTUM",
+    "ETJ_NESTEROV",
+    "ETJ_WEIGHT_DECAY",
+    "ETJ_NO_WD_NORM_BIAS",
+    "ETJ_LABEL_SMOOTHING",
+    "ETJ_LR_SCHEDULE",
+    "ETJ_WARMUP_EPOCHS",
+    "ETJ_LR_MILESTONES",
+    "ETJ_LR_GAMMA",
+    "ETJ_LR_POWER",
+    "ETJ_LR_FINAL_FRACTION",
+    "ETJ_PRECISION",
+    "ETJ_AUGMENT",
+    "ETJ_MIN_CROP_SCALE",
+    "ETJ_VAL_RESIZE",
 )
 _RESERVED_CEL = "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]"
 
