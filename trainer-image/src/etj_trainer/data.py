@@ -90,7 +90,7 @@ class TensorSource:
     def batches(self, index_stream: Iterator[StreamItem]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for item in index_stream:
             m = unpack(item)
-            t = torch.from_numpy(m.ids)
+            t = torch.from_numpy(np.ascontiguousarray(m.ids))
             x = self._convert(self.images[t])
             if self.augment.on:
                 x = apply_to_tensors(x, self.augment.crops(m))

@@ -77,7 +77,7 @@ class DynamicSGD(torch.optim.SGD):
     @property
     def lr(self) -> float:
         """The LR the next ``step()`` uses (first group): base LR x schedule factor x multiplier."""
-        return float(self.param_groups[0]["base_lr"]) * self.schedule_factor * self.lr_multiplier
+        return float(self.param_groups[0]["base_lr"] * (self.lr_multiplier * self.schedule_factor))
 
     def set_schedule_factor(self, factor: float) -> None:
         """The LR schedule's factor for the next steps (composes multiplicatively with the ramp)."""

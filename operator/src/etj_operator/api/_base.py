@@ -6,9 +6,9 @@ Kept apart from ``models.py`` so the spec and status modules stay small and both
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import (

@@ -178,7 +178,7 @@ class TrainingSpec(CheckedModel):
     lr_schedule: LrScheduleSpec = section(LrScheduleSpec, "LR schedule over samples seen (epochs).")
     precision: Precision = Field(
         default=Precision.FP32,
-        description="fp32, bf16 or fp16 (autocast; fp16 with a checkpointed gradient scaler) (ETJ_PRECISION).",
+        description="fp32, bf16 or fp16: autocast, fp16 with a checkpointed gradient scaler (ETJ_PRECISION).",
     )
     augmentation: AugmentationSpec = section(AugmentationSpec, "Training-image augmentation.")
 
@@ -322,7 +322,10 @@ class ElasticTrainingJobSpec(ApiModel):
 
     trainer: TrainerSpec = Field(description="Container that runs the training on every worker.")
     replicas: ReplicaRange = Field(description="Elastic range of worker pods.")
-    training: TrainingSpec = Field(description="Batch sizes, resize policy and training length.")
+    training: TrainingSpec = Field(
+        description="Batch sizes, resize policy, training length and recipe (optimizer, LR schedule, "
+        "precision, augmentation)."
+    )
     placement: Placement = section(Placement, "Node pools for workers and the rendezvous store.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint storage and interval.")
     scaling: ScalingSpec = section(ScalingSpec, "Resize timing.")

@@ -56,7 +56,8 @@ class OptimizerSpec(CheckedModel):
         default=None,
         gt=0,
         le=1000,
-        description="Learning rate at training.globalBatchSize (ETJ_LR). Unset: lrPer256 x globalBatchSize / 256.",
+        description="Learning rate at training.globalBatchSize (ETJ_LR). Unset: lrPer256 x globalBatchSize "
+        "/ 256.",
     )
     lr_per256: float | None = Field(
         default=None,
@@ -131,7 +132,8 @@ class AugmentationSpec(ApiModel):
 
     type: AugmentationType = Field(
         default=AugmentationType.NONE,
-        description="standard: random-resized crop + horizontal flip; none: resize + center crop (ETJ_AUGMENT).",
+        description="standard: random-resized crop + horizontal flip; none: resize + center crop "
+        "(ETJ_AUGMENT).",
     )
     min_crop_scale: float = Field(
         default=0.08,
