@@ -26,6 +26,7 @@ TRAIN_FLAGS = {  # flag -> env var (the same ETJ_* the operator sets, plus train
     # the training recipe (spec.training.optimizer / lrSchedule / precision / augmentation)
     "momentum": "ETJ_MOMENTUM",
     "weight_decay": "ETJ_WEIGHT_DECAY",
+    "no_wd_norm_bias": "ETJ_NO_WD_NORM_BIAS",
     "label_smoothing": "ETJ_LABEL_SMOOTHING",
     "lr_schedule": "ETJ_LR_SCHEDULE",
     "warmup_epochs": "ETJ_WARMUP_EPOCHS",
@@ -44,6 +45,7 @@ CHOICES = {
     "lr_schedule": ("constant", "step", "cosine", "poly"),
     "precision": ("fp32", "bf16", "fp16"),
     "augment": ("none", "standard"),
+    "no_wd_norm_bias": ("true", "false"),
 }
 
 
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("dataset", choices=["fashion-mnist"])
     pr.add_argument("out_dir", type=Path)
     pr.add_argument("--image-size", type=int, default=None, help="resize (default: keep 28x28)")
+    pr.add_argument("--limit", type=int, default=0, help="first N samples of each split (smoke tests)")
     ns = ap.parse_args(argv)
 
     if ns.cmd == "store":
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         from etj_trainer import fashion_mnist
 
         try:
-            print(fashion_mnist.prepare(ns.out_dir, ns.image_size))
+            print(fashion_mnist.prepare(ns.out_dir, ns.image_size, ns.limit))
         except fashion_mnist.MissingDataset as e:
             print(f"etj-train: {e}", file=sys.stderr)
             return 1

@@ -67,11 +67,13 @@ def load_split(split: str) -> tuple[np.ndarray, np.ndarray]:
     return _idx(data_dir() / images), _idx(data_dir() / labels).astype(np.int64)
 
 
-def prepare(out_dir: Path, image_size: int | None = None) -> dict[str, int]:
-    """Write ``out_dir/{train,val}.tar``; returns the sample count of each."""
+def prepare(out_dir: Path, image_size: int | None = None, limit: int = 0) -> dict[str, int]:
+    """Write ``out_dir/{train,val}.tar``; returns the sample count of each (``limit``: first N per split)."""
     counts = {}
     for split in FILES:
         images, labels = load_split(split)
+        if limit > 0:
+            images, labels = images[:limit], labels[:limit]
         counts[split] = write_tar(
             Path(out_dir) / f"{split}.tar",
             (
