@@ -98,7 +98,8 @@ class LrScheduleSpec(CheckedModel):
             field_path=".milestones",
         ),
         Check(
-            "self.type != 'step' || (has(self.milestones) && size(self.milestones) > 0)",
+            # has(): the apiserver also checks rules against the section's `default: {}` (nothing filled in)
+            "!has(self.type) || self.type != 'step' || (has(self.milestones) && size(self.milestones) > 0)",
             "training.lrSchedule.milestones must name at least one epoch when type is step",
             lambda s: s.type != ScheduleType.STEP or len(s.milestones) > 0,
             field_path=".milestones",
