@@ -11,8 +11,10 @@ ARG PYTHON_IMAGE=python:3.12.8-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# Only the operator and the contract it shares with the trainer: neither the trainer nor the test bed
+# (testbed/src: the local control plane, process nodes, the demo) is copied, so the image has neither, and
+# its `etj` has no `cluster`/`demo` commands (tests/chart/test_images.py checks the COPY lines).
 COPY operator/src operator/src
-COPY trainer-image/src trainer-image/src
 COPY contract/src contract/src
 # A virtual environment at the path it will have in the final image, so it can be copied as is.
 RUN python -m venv /opt/etj \

@@ -12,8 +12,9 @@ test: setup lint
 	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest tests -q --durations=20
 
 lint:
-	.venv/bin/ruff check operator/src trainer-image/src contract/src tests bench
+	.venv/bin/ruff check operator/src trainer-image/src contract/src testbed/src tests bench
 	.venv/bin/mypy
+	.venv/bin/lint-imports  # the architecture contracts in pyproject.toml [tool.importlinter]
 
 crds:
 	.venv/bin/etj crd generate

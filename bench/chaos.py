@@ -1,6 +1,6 @@
 """Chaos bench: the spot demo's job survives >= 20 random events and still Succeeds with nothing lost.
 
-Reuses `etj_operator.demo.Demo` (local control plane, operator subprocess, process-backed nodes, the CPU
+Reuses `etj_testbed.demo.local.Demo` (local control plane, operator subprocess, process-backed nodes, the CPU
 demo job `examples/demo-cpu.yaml`) with its own scripted interruption switched off, and injects a seeded
 random schedule of events instead, one every 8-15 s and only once the job has made progress since the last
 one:
@@ -39,8 +39,9 @@ from typing import Any
 
 import yaml
 
-from etj_operator.demo import SPOT_ITN, Demo, Script
-from etj_operator.demo_view import logged_accuracy
+from etj_testbed.demo.local import Demo
+from etj_testbed.demo.script import SPOT_ITN, Script
+from etj_testbed.demo.view import logged_accuracy
 
 REPO = Path(__file__).resolve().parents[1]
 JSON = dict[str, Any]
@@ -249,8 +250,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     os.environ.setdefault("ETJ_CLUSTER_NAME", "chaos")
     os.environ.setdefault("ETJ_CLUSTER_PORT_BASE", "18400")
-    from etj_operator.localcluster import toolchain
-    from etj_operator.localcluster.cluster import LocalCluster
+    from etj_testbed.localcluster import toolchain
+    from etj_testbed.localcluster.cluster import LocalCluster
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -267,7 +268,7 @@ def main(argv: list[str]) -> int:
         kubeconfig = cluster.up()
         # The demo's own interruption: off. Another job's rendezvous store on this machine holds ports
         # 29400/29401 (shared host network): wait up to 10 min for it.
-        script = Script(interrupt_epoch=10**6, timeout_s=args.timeout, ports_wait_s=600)
+        script = Script(interrupt_epoch=10**6, timeout_s=args.timeout)
         demo = ChaosDemo(kubeconfig, "etj-chaos", run_dir, manifest, script, instance="chaos", chaos=chaos)
         demo.start()
         result = demo.run()

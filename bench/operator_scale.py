@@ -31,7 +31,7 @@ from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_operator.localcluster.nodes import fake_gpu_node
+from etj_testbed.localcluster.fake_nodes import fake_gpu_node
 
 BENCH_LABEL = "etj.dev/bench"
 TAINT = "aws-node-termination-handler/spot-itn"
@@ -164,7 +164,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "etj_operator.runner",
+            "etj_operator.k8s.main",
             "--kubeconfig",
             args.kubeconfig,
             "--namespace",

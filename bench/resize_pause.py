@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from etj_trainer.local_launcher import LocalCluster
+from etj_trainer.local_launcher import LocalAgents
 from etj_trainer.progress import get_json
 
 TRAIN_ENV = {
@@ -48,7 +48,7 @@ TRAIN_ENV = {
 }
 
 
-class TorchrunCluster(LocalCluster):
+class TorchrunCluster(LocalAgents):
     """Stock ``torchrun`` with default settings (c10d against the same external store)."""
 
     def start_agent(self) -> None:
@@ -109,7 +109,7 @@ def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | 
         "ETJ_CHECKPOINT_DIR": str(log_dir / "ckpt"),
         "ETJ_LOCAL_CHECKPOINT_DIR": f"/dev/shm/etj-{run_id}",
     }
-    cluster = (LocalCluster if arm == "etj" else TorchrunCluster)(env=env, log_dir=log_dir)
+    cluster = (LocalAgents if arm == "etj" else TorchrunCluster)(env=env, log_dir=log_dir)
     try:
         cluster.start_store()
         url = cluster.progress_url

@@ -21,7 +21,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages (torch, DALI, kopf, ...; first time: a few GB, a few minutes)"
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --progress-bar off -e '.[trainer,dev]' | grep -v '^Requirement already satisfied' || true
-  .venv/bin/python -c 'import etj_operator, etj_trainer' # fail here, not later, if the install broke
+  .venv/bin/python -c 'import etj_operator, etj_trainer, etj_contract, etj_testbed' # fail here, not later, if the install broke
   echo "$want" > "$stamp"
 fi
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from etj_operator.localcluster import toolchain
+from etj_testbed.localcluster import toolchain
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "etj"

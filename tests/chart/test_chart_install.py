@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import yaml
 
-from etj_operator.localcluster.nodes import fake_gpu_node
-from etj_operator.localcluster.proclet import Proclet, process_node, selector_for
+from etj_testbed.localcluster.fake_nodes import fake_gpu_node
+from etj_testbed.localcluster.proclet import Proclet, process_node, selector_for
 from tests.chart.helmbed import CHART, JSON, REPO, helm, value_args
 from tests.plugins.cluster import Cluster
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from etj_operator.api.models import CapacityType
-from etj_operator.runner import build_state, parse_args
+from etj_operator.k8s.main import build_state, parse_args
 from tests.chart.helmbed import (
     CHART,
     CRD_SOURCE,

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from etj_operator.workload import NONROOT_UID
+from etj_operator.decide.workload import NONROOT_UID
 from tests.chart.helmbed import REPO, one, render
 
 OPERATOR = REPO / "Dockerfile"
@@ -221,6 +221,22 @@ def test_build_context_is_an_allow_list_covering_every_copy() -> None:
                     f"{dockerfile.name} copies {source}, not in .dockerignore"
                 )
                 assert (REPO / source).exists(), f"{dockerfile.name} copies missing {source}"
+
+
+def _copied(dockerfile: Path) -> set[str]:
+    return {
+        source.rstrip("/")
+        for ins in parse(dockerfile)
+        if ins.keyword == "COPY" and not ins.value.startswith("--from")
+        for source in ins.value.split()[:-1]
+    }
+
+
+def test_each_image_copies_its_own_side_and_the_contract_never_the_test_bed() -> None:
+    project = ["pyproject.toml", "README.md"]
+    assert _copied(OPERATOR) == {*project, "operator/src", "contract/src"}
+    for trainer in (TRAINER, TRAINER_CPU):
+        assert _copied(trainer) == {*project, "trainer-image/src", "contract/src"}, trainer.name
 
 
 # ---- digests: what can be checked without a registry ---------------------------------------------

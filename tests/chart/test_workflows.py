@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from etj_operator.api.models import ElasticTrainingJob
-from etj_operator.localcluster import toolchain
+from etj_testbed.localcluster import toolchain
 from tests.chart.helmbed import REPO
 
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -210,7 +210,7 @@ def test_kind_workers_are_a_spot_and_an_on_demand_pool_with_gpus_for_the_e2e_job
     """What the operator's planner sees on the kind cluster: its own node-pool rules on the workflow's labels,
     and the nvidia.com/gpu the workflow patches in, against what the e2e jobs ask for."""
     from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec
-    from etj_operator.nodepools import DEFAULT_RULES, pool_name
+    from etj_operator.observe.nodes import DEFAULT_RULES, pool_name
 
     workers = _kind_workers()
     types = sorted(DEFAULT_RULES.capacity_type(w["labels"]) for w in workers)

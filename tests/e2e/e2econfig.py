@@ -2,10 +2,10 @@
 
 - default (``ETJ_E2E_OPERATOR`` unset or ``local``): the local control plane (the `cluster` fixture), or the
   cluster of ``ETJ_E2E_KUBECONFIG``; either way the operator, the process-node harness and process-backed
-  nodes are started on this machine (`etj_operator.demo.Demo`), as `etj demo` does;
+  nodes are started on this machine (`etj_testbed.demo.local.Demo`), as `etj demo` does;
 - ``ETJ_E2E_OPERATOR=installed``: the cluster of ``ETJ_E2E_KUBECONFIG`` (required) already runs the
   operator (the Helm chart) and has the nodes (kind's CPU workers labelled ``etj.dev/capacity-type``);
-  nothing is started here and interruptions go through the API (`etj_operator.demo_cluster.ClusterDemo`).
+  nothing is started here and interruptions go through the API (`etj_testbed.demo.cluster.ClusterDemo`).
   ``ETJ_E2E_TRAINER_IMAGE`` is spec.trainer.image (unset: the operator's default trainer image),
   ``ETJ_E2E_IMAGE_PULL_POLICY`` its pull policy, and ``ETJ_E2E_SHARED_DIR`` a directory this machine and
   every node see at the same path (kind extraMounts): checkpoints and the per-rank sample logs go there,
@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etj_operator.demo import Demo, Script
-from etj_operator.demo_cluster import make_demo
-from etj_operator.localcluster.toolchain import cache_root
+from etj_testbed.demo.cluster import make_demo
+from etj_testbed.demo.local import Demo
+from etj_testbed.demo.script import Script
+from etj_testbed.localcluster.toolchain import cache_root
 
 MODES = ("local", "installed")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from etj_operator.demo import DemoResult
-from etj_operator.demo_view import logged_accuracy, view_rows, write_timeline
+from etj_testbed.demo.script import DemoResult
+from etj_testbed.demo.view import logged_accuracy, view_rows, write_timeline
 
 T0 = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from etj_operator import demo as demo_module
 from etj_operator.api.models import ElasticTrainingJob
-from etj_operator.demo import SPOT_ITN, Demo, Script
-from etj_operator.demo_cluster import ClusterDemo
-from etj_operator.localcluster.nodes import fake_gpu_node
-from etj_operator.localcluster.proclet_nodes import INSTANCE_LABEL
+from etj_testbed.demo import local as demo_module
+from etj_testbed.demo.cluster import ClusterDemo
+from etj_testbed.demo.local import Demo
+from etj_testbed.demo.script import SPOT_ITN, Script
+from etj_testbed.localcluster.fake_nodes import fake_gpu_node
+from etj_testbed.localcluster.proclet_nodes import INSTANCE_LABEL
 from tests.chart.test_workflows import E2E, heredoc, step
 from tests.e2e.e2econfig import E2EConfig
 from tests.plugins.cluster import Cluster

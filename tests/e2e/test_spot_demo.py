@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from etj_operator.demo import DemoResult, Script
-from etj_operator.demo_view import write_timeline
+from etj_testbed.demo.script import DemoResult, Script
+from etj_testbed.demo.view import write_timeline
 from tests.e2e.e2econfig import E2EConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from etj_operator.localcluster.cluster import LocalCluster
-from etj_operator.localcluster.components import PORT_OFFSETS, ports_from_base
-from etj_operator.localcluster.errors import ClusterError
-from etj_operator.localcluster.pki import LocalPKI
+from etj_testbed.localcluster.cluster import LocalCluster
+from etj_testbed.localcluster.components import PORT_OFFSETS, ports_from_base
+from etj_testbed.localcluster.errors import ClusterError
+from etj_testbed.localcluster.pki import LocalPKI
 
 
 def test_ports_follow_the_base() -> None:
@@ -85,7 +85,7 @@ def test_a_component_that_will_not_start_leaves_nothing_running(cluster: object)
 def test_cli_reports_errors_in_one_line_without_a_traceback(tmp_path: Path) -> None:
     env = {**os.environ, "ETJ_CACHE_DIR": str(tmp_path), "PATH": "/nonexistent"}
     result = subprocess.run(
-        [sys.executable, "-m", "etj_operator.cli", "cluster", "up"],
+        [sys.executable, "-m", "etj_testbed.cli", "cluster", "up"],
         capture_output=True,
         text=True,
         env=env,

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from tests.plugins.cluster import Cluster
 
-from etj_operator.localcluster.nodes import fake_gpu_node
-from etj_operator.localcluster.toolchain import KUBERNETES_VERSION
+from etj_testbed.localcluster.fake_nodes import fake_gpu_node
+from etj_testbed.localcluster.toolchain import KUBERNETES_VERSION
 
 pytestmark = pytest.mark.cluster
 
@@ -132,7 +132,7 @@ def test_cluster_up_is_idempotent(cluster: Cluster) -> None:
     import sys
 
     again = subprocess.run(
-        [sys.executable, "-m", "etj_operator.cli", "cluster", "up"],
+        [sys.executable, "-m", "etj_testbed.cli", "cluster", "up"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from tests.plugins.cluster import Cluster
 
-from etj_operator.localcluster.proclet import Proclet, iter_pids_with_marker, start_subprocess
-from etj_operator.localcluster.proclet_env import (
+from etj_testbed.localcluster.proclet import Proclet, iter_pids_with_marker, start_subprocess
+from etj_testbed.localcluster.proclet_env import (
     LoopbackIPs,
     command_line,
     container_env,
@@ -32,16 +32,16 @@ from etj_operator.localcluster.proclet_env import (
     service_names,
     substitute_services,
 )
-from etj_operator.localcluster.proclet_kube import Kube
-from etj_operator.localcluster.proclet_nodes import (
+from etj_testbed.localcluster.proclet_kube import Kube
+from etj_testbed.localcluster.proclet_nodes import (
     INSTANCE_LABEL,
     NODE_RUNTIME_LABEL,
     node_status_patch,
     process_node,
     selector_for,
 )
-from etj_operator.localcluster.proclet_proc import MARK_ROOT, is_running, reap_marked
-from etj_operator.localcluster.proclet_status import ContainerRun, exit_code, pod_status
+from etj_testbed.localcluster.proclet_proc import MARK_ROOT, is_running, reap_marked
+from etj_testbed.localcluster.proclet_status import ContainerRun, exit_code, pod_status
 
 JSON = dict[str, Any]
 

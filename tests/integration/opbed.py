@@ -19,20 +19,20 @@ from typing import Any, cast
 from kubernetes import client
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_operator.localcluster.nodes import fake_gpu_node
+from etj_testbed.localcluster.fake_nodes import fake_gpu_node
 from tests.plugins.cluster import Cluster
 
 TEST_LABEL = "etj.dev/test"
 
 
 class OperatorProcess:
-    """``python -m etj_operator.runner`` against the test cluster, logging to a file."""
+    """``python -m etj_operator.k8s.main`` against the test cluster, logging to a file."""
 
     def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, *extra: str) -> None:
         self.args = [
             sys.executable,
             "-m",
-            "etj_operator.runner",
+            "etj_operator.k8s.main",
             "--kubeconfig",
             str(kubeconfig),
             "--namespace",

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from etj_operator.status import NO_TRAINER_IMAGE, PARTIAL_USAGE_NOTE
+from etj_operator.decide.conditions import PARTIAL_USAGE_NOTE, ConditionReason
 from tests.integration.opbed import TEST_LABEL, Bed, OperatorProcess, job_manifest
 from tests.plugins.cluster import Cluster
+
+NO_IMAGE = ConditionReason.NO_TRAINER_IMAGE
 
 pytestmark = pytest.mark.cluster
 
@@ -77,11 +79,11 @@ def test_a_job_without_any_image_waits_and_says_why(
         _create_without_image(bed, "noimg", max_workers=1)
         bed.wait(
             "Ready=False NoTrainerImage",
-            lambda: (_condition(bed, "noimg", "Ready") or {}).get("reason") == NO_TRAINER_IMAGE,
+            lambda: (_condition(bed, "noimg", "Ready") or {}).get("reason") == NO_IMAGE,
         )
         bed.wait(
             "a Warning event",
-            lambda: any(e.reason == NO_TRAINER_IMAGE and e.type == "Warning" for e in bed.events("noimg")),
+            lambda: any(e.reason == NO_IMAGE and e.type == "Warning" for e in bed.events("noimg")),
         )
         assert bed.pods("noimg") == [] and bed.pods("noimg", "rendezvous") == []
         assert bed.status("noimg")["phase"] == "Pending"

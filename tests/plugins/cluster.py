@@ -66,14 +66,14 @@ class Cluster:
 
 def _etj(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "etj_operator.cli", *args], capture_output=True, text=True, timeout=3600
+        [sys.executable, "-m", "etj_testbed.cli", *args], capture_output=True, text=True, timeout=3600
     )
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    from etj_operator.localcluster import toolchain
-    from etj_operator.localcluster.cluster import LocalCluster
+    from etj_testbed.localcluster import toolchain
+    from etj_testbed.localcluster.cluster import LocalCluster
 
     local = LocalCluster.named()
     was_running = local.healthy()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from etj_operator.decide.workload import recipe_env
+
 from etj_operator.api.models import TrainingSpec
-from etj_operator.workload import recipe_env
 from etj_trainer import cli
 from etj_trainer.augment import Augmentation
 from etj_trainer.config import TrainConfig
@@ -27,7 +28,7 @@ RESNET50 = {
 
 def _config(training: dict[str, object]) -> TrainConfig:
     spec = TrainingSpec.model_validate(training)
-    env = {k: str(v) for k, v in recipe_env(spec).items()}
+    env = {k.name: str(v) for k, v in recipe_env(spec).items()}
     return TrainConfig.from_env({**env, "ETJ_EPOCHS": str(spec.epochs)})
 
 
@@ -56,13 +57,17 @@ def test_defaults_keep_the_old_behaviour_but_for_the_lr_rule() -> None:
 
 
 def test_trainer_flags_set_the_same_variables() -> None:
-    ap_env = cli._train_env(
-        cli.argparse.Namespace(
-            **{k: None for k in {**cli.TRAIN_FLAGS, **cli.SWITCHES}},
-        )
-    )
-    assert ap_env == {}
-    spec_env = {k: str(v) for k, v in recipe_env(TrainingSpec.model_validate(RESNET50)).items()}
-    flags = set(cli.TRAIN_FLAGS.values()) | set(cli.SWITCHES.values())
+    spec_env = {v.name: str(x) for v, x in recipe_env(TrainingSpec.model_validate(RESNET50)).items()}
     # every recipe variable the operator sets has an etj-train flag of the same meaning
-    assert set(spec_env) <= flags
+    assert set(spec_env) <= set(cli.TRAIN_FLAGS.values())
+    ap = cli.argparse.ArgumentParser()
+    cli._add_train_flags(ap)
+    ns = ap.parse_args(
+        ["--lr-schedule", "step", "--lr-milestones", "30,60,80", "--nesterov", "--no-wd-norm-bias", "false",
+         "--precision", "bf16", "--augment", "standard", "--warmup-epochs", "5"]
+    )  # fmt: skip
+    cfg = TrainConfig.from_env({**cli._train_env(ns), "ETJ_EPOCHS": "90"})
+    assert cfg.schedule() == LrSchedule(
+        ScheduleType.STEP, epochs=90, warmup_epochs=5, milestones=(30, 60, 80)
+    )
+    assert cfg.nesterov and not cfg.no_wd_norm_bias and cfg.precision == "bf16"

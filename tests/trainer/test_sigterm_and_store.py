@@ -80,8 +80,12 @@ def test_store_serves_progress_and_tcpstore(tmp_path: Path) -> None:
     try:
         _wait_for(lambda: get_json(url) is not None)
         assert get_json(url) == {}
-        post_json(url, {"step": 7, "worldSize": 2, "resizes": [{"from": 2, "to": 1}]})
-        assert get_json(url) == {"step": 7, "worldSize": 2, "resizes": [{"from": 2, "to": 1}]}
+        leave = {"time": "2026-01-01T12:00:00Z", "from": 2, "to": 1, "reason": "scale-down"}
+        post_json(url, {"step": 7, "worldSize": 2, "resizes": [leave]})
+        want = {"step": 7, "worldSize": 2, "resizes": [leave], "finished": False}
+        assert get_json(url) == want
+        post_json(url, {"step": 6, "worldSize": 2, "resizes": []})  # stale: the resize stays
+        assert get_json(url) == {**want, "step": 6}
         req = urllib.request.Request(url, data=b"[1]", method="POST")
         try:
             urllib.request.urlopen(req, timeout=5)
@@ -100,3 +104,27 @@ def test_store_serves_progress_and_tcpstore(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_two_stores_on_one_machine_share_the_ports_on_their_own_addresses() -> None:
+    # regression: the store listened on every address (TCPStore's libuv server ignores the host it is
+    # given), so two process-backed jobs on one machine (a demo beside a test run) took each other's port
+    from etj_trainer.local_launcher import free_port
+
+    port, http_port = free_port(), free_port()
+    procs = []
+    try:
+        for ip in ("127.77.0.2", "127.77.0.3"):
+            cmd = [sys.executable, "-m", "etj_trainer.cli", "store", "--host", ip,
+                   "--port", str(port), "--http-port", str(http_port)]  # fmt: skip
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        urls = [f"http://127.77.0.{i}:{http_port}/progress" for i in (2, 3)]
+        _wait_for(lambda: all(get_json(u) is not None for u in urls))
+        post_json(urls[0], {"step": 1})
+        post_json(urls[1], {"step": 2})
+        assert [(get_json(u) or {}).get("step") for u in urls] == [1, 2]
+        assert all(p.poll() is None for p in procs), "a store exited: its port was taken"
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)

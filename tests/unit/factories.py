@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
-from etj_operator.nodepools import NodeInfo
-from etj_operator.planner import JobView, Observed
-from etj_operator.podstate import PodInfo
-from etj_operator.signals import Reason, Signal
+from etj_operator.decide.planner import JobView, Observed
+from etj_operator.observe.nodes import NodeInfo
+from etj_operator.observe.pods import PodInfo
+from etj_operator.observe.signals import Reason, Signal
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 LONG_AGO = NOW - timedelta(hours=1)

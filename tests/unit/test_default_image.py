@@ -7,12 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from etj_operator import workload
 from etj_operator.api.models import ConditionType, ElasticTrainingJobSpec, ElasticTrainingJobStatus, Phase
-from etj_operator.planner import JobView, plan, trainer_image
-from etj_operator.runner import build_state, parse_args
-from etj_operator.status import NO_TRAINER_IMAGE
+from etj_operator.decide import workload
+from etj_operator.decide.conditions import ConditionReason
+from etj_operator.decide.planner import JobView, plan, trainer_image
+from etj_operator.k8s.main import build_state, parse_args
 from tests.unit.factories import cluster, job, observe, spec, started, status, store, worker
+
+NO_IMAGE = ConditionReason.NO_TRAINER_IMAGE
 
 DEFAULT = "registry.example.com/etj-trainer:9.9.9"
 
@@ -77,13 +79,13 @@ def test_without_any_image_nothing_is_created_and_the_user_is_told_once() -> Non
     assert result.trainer_image is None and result.status.trainer_image is None
     assert result.status.phase == Phase.PENDING
     ready = next(c for c in result.status.conditions if c.type == ConditionType.READY)
-    assert (ready.status, ready.reason) == ("False", NO_TRAINER_IMAGE)
+    assert (ready.status, ready.reason) == ("False", NO_IMAGE)
     assert "spec.trainer.image" in ready.message and "trainer.image" in ready.message
-    warnings = [e for e in result.events if e.type == "Warning" and e.reason == NO_TRAINER_IMAGE]
+    warnings = [e for e in result.events if e.type == "Warning" and e.reason == NO_IMAGE]
     assert len(warnings) == 1
     # The next reconcile (status written) does not post the same Warning again.
     again = plan(_job(None, st=result.status), observe(cluster(), []))
-    assert not [e for e in again.events if e.reason == NO_TRAINER_IMAGE]
+    assert not [e for e in again.events if e.reason == NO_IMAGE]
     assert again.status.to_patch() == result.status.to_patch()  # a no-op: nothing to write
 
 
@@ -92,7 +94,7 @@ def test_a_default_arriving_later_starts_the_waiting_job() -> None:
     result = plan(_job(DEFAULT, st=waiting.status), observe(cluster(), []))
     assert result.create_workers == [0, 1, 2, 3] and result.trainer_image == DEFAULT
     ready = next(c for c in result.status.conditions if c.type == ConditionType.READY)
-    assert ready.reason != NO_TRAINER_IMAGE
+    assert ready.reason != NO_IMAGE
 
 
 def test_building_a_pod_without_any_image_is_refused() -> None:

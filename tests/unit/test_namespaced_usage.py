@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from etj_operator.api.models import ConditionType
-from etj_operator.planner import free_capacity, plan
-from etj_operator.runner import build_state, parse_args
-from etj_operator.status import PARTIAL_USAGE_NOTE
+from etj_operator.decide.conditions import PARTIAL_USAGE_NOTE
+from etj_operator.decide.planner import free_capacity, plan
+from etj_operator.k8s.main import build_state, parse_args
 from tests.unit.factories import GPU, cluster, job, observe, spec
 
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from etj_operator.api.models import CapacityType
-from etj_operator.nodepools import CapacityRules, fits, node_info, summarize_pools
-from etj_operator.podstate import pod_info
-from etj_operator.signals import Reason, node_signal, pod_signal
+from etj_operator.observe.nodes import CapacityRules, fits, node_info, summarize_pools
+from etj_operator.observe.pods import pod_info
+from etj_operator.observe.signals import Reason, node_signal, pod_signal
 
 SPOT, OD = CapacityType.SPOT, CapacityType.ON_DEMAND
 

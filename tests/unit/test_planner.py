@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus, Phase
-from etj_operator.planner import JobView, Observed, Plan, plan
-from etj_operator.signals import Reason, Signal
+from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
+from etj_operator.observe.signals import Reason, Signal
 from tests.unit.factories import (
     NOW,
     cluster,
@@ -48,6 +48,7 @@ def _resize(reason: str, frm: int, to: int) -> Callable[[Plan], object]:
 
 
 RUNNING4 = [worker(i, f"spot-{i}") for i in range(4)]
+FINAL_REPORT: dict[str, Any] = {"step": 180, "finished": True, "accuracy": 0.98}
 RECENT_RESIZE: dict[str, Any] = {
     "resizeHistory": [
         {"time": (NOW - timedelta(seconds=10)).isoformat(), "from": 4, "to": 3, "reason": "SpotInterruption"}
@@ -193,16 +194,71 @@ CASES = [
         ],
     ),
     Case(
-        "job finished: a worker exited 0, the rest and the store stop",
+        "job finished: a worker exited 0 after the final report, the rest and the store stop",
         job(st=started(4)),
-        observe(cluster(), [worker(0, "spot-0", phase="Succeeded"), *RUNNING4[1:], store()]),
+        observe(
+            cluster(),
+            [worker(0, "spot-0", phase="Succeeded", finished_at=NOW), *RUNNING4[1:], store()],
+            progress=FINAL_REPORT,
+        ),
         creates=[],
         phase=Phase.SUCCEEDED,
         drains=[
             *((f"train-worker-{i}", Reason.FINISHED) for i in (1, 2, 3)),
             ("train-rdzv", Reason.FINISHED),
         ],
-        check=lambda p: p.status.completion_time == NOW or pytest.fail("no completion time"),
+        check=lambda p: (
+            (p.status.completion_time, p.status.progress and p.status.progress.accuracy) == (NOW, 0.98)
+            or pytest.fail(f"{p.status.completion_time} {p.status.progress}")
+        ),
+    ),
+    Case(
+        # regression (issue 12): the store was stopped before the operator read the final report, and
+        # status never got the accuracy
+        "workers exited 0 but the final report is not read yet: keep the store, start nothing, look again",
+        job(st=started(4)),
+        observe(
+            cluster(),
+            [
+                worker(0, "spot-0", phase="Succeeded", finished_at=NOW - timedelta(seconds=5)),
+                *RUNNING4[1:],
+                store(),
+            ],
+            progress={"step": 170, "finished": False},
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        requeue=1.0,
+    ),
+    Case(
+        "workers exited 0 and no final report came within the grace: Succeeded, with a Warning",
+        job(st=started(4)),
+        observe(
+            cluster(),
+            [worker(0, "spot-0", phase="Succeeded", finished_at=NOW - FINAL_REPORT_GRACE), store()],
+            progress={"step": 170, "finished": False},
+        ),
+        creates=[],
+        drains=[("train-rdzv", Reason.FINISHED)],
+        phase=Phase.SUCCEEDED,
+        check=lambda p: (
+            any(e.reason == "FinalReportMissing" and e.type == "Warning" for e in p.events)
+            or pytest.fail(str(p.events))
+        ),
+    ),
+    Case(
+        "an operator that reads no progress does not wait for a final report",
+        job(st=started(4)),
+        observe(
+            cluster(),
+            [worker(0, "spot-0", phase="Succeeded", finished_at=NOW), store()],
+            final_report_grace=timedelta(0),
+        ),
+        creates=[],
+        drains=[("train-rdzv", Reason.FINISHED)],
+        phase=Phase.SUCCEEDED,
+        check=lambda p: all(e.type == "Normal" for e in p.events) or pytest.fail(str(p.events)),
     ),
     Case(
         "finished job stays finished and creates nothing",

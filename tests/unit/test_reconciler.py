@@ -14,10 +14,10 @@ from typing import Any
 
 from kubernetes import client
 
-from etj_operator.kube import Kube
-from etj_operator.nodepools import NodeInfo
-from etj_operator.podstate import PodInfo
-from etj_operator.reconciler import JobRunner, Settings
+from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.reconciler import JobRunner, Settings
+from etj_operator.observe.nodes import NodeInfo
+from etj_operator.observe.pods import PodInfo
 from tests.unit.factories import worker
 
 
@@ -41,7 +41,7 @@ class StaticWorld:
 
 
 def _runner(world: StaticWorld) -> JobRunner:
-    return JobRunner("ns", "train", world, Kube(client.ApiClient()), Settings())
+    return JobRunner("ns", "train", world, KubeClient(client.ApiClient()), Settings())
 
 
 def test_created_pods_count_before_the_index_shows_them() -> None:
@@ -87,7 +87,7 @@ def test_fetch_progress_reads_the_store_endpoint() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     Thread(target=server.serve_forever, daemon=True).start()
-    kube = Kube(client.ApiClient())
+    kube = KubeClient(client.ApiClient())
 
     async def go() -> tuple[Any, Any]:
         try:
@@ -108,3 +108,67 @@ def test_pods_of_an_earlier_job_with_the_same_name_are_ignored() -> None:
         [replace(worker(0, "n0"), owner_uid="old-uid"), replace(worker(1, "n1"), owner_uid="new")]
     )
     assert [p.name for p in _runner(world)._owned("new")] == ["train-worker-1"]
+
+
+class RecordingKube(KubeClient):
+    """The real client class with the loop's writes recorded instead of sent: this test is about *when*
+    the loop reads the store (the end-to-end test checks the same against the real apiserver)."""
+
+    def __init__(self) -> None:
+        super().__init__(client.ApiClient())
+        self.patches: list[dict[str, Any]] = []
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        self.patches.append(status)
+        return {"status": status}
+
+    async def delete_pod(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def create_pod(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    async def ensure_service(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> None:
+    # regression (issue 12): the job was marked Succeeded and its store stopped from the last *polled*
+    # report, so the final one (accuracy) never reached status when the poll had not come round yet
+    from etj_trainer.progress import post_json
+    from etj_trainer.store_server import ProgressState, make_http_server
+    from tests.unit.factories import spec, started, store
+
+    ip = "127.0.0.1"
+    httpd = make_http_server(ip, 0, ProgressState())
+    port = httpd.server_address[1]
+    Thread(target=httpd.serve_forever, daemon=True).start()
+    final = {"step": 180, "worldSize": 4, "resizes": [], "finished": True, "accuracy": 0.98}
+    post_json(f"http://{ip}:{port}/progress", final)
+    from etj_operator.timeutil import utcnow
+
+    exited = [replace(worker(i, f"n{i}", phase="Succeeded"), finished_at=utcnow()) for i in range(4)]
+    world = StaticWorld([*exited, replace(store("od-0"), ip=ip)])
+    kube = RecordingKube()
+    # The poll is an hour away: only the loop's own re-read can bring the final report in.
+    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=3600, progress_port=port))
+    runner.body = {
+        "metadata": {"name": "train", "namespace": "ns", "uid": "", "generation": 1},
+        "spec": spec().model_dump(mode="json", by_alias=True, exclude_none=True),
+        "status": started(0).to_patch(),
+    }
+    runner.progress = {"step": 170, "worldSize": 4, "resizes": [], "finished": False}
+
+    async def go() -> None:
+        try:
+            await runner.reconcile()
+        finally:
+            await kube.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        httpd.shutdown()
+    assert kube.patches, "no status written"
+    assert kube.patches[-1]["phase"] == "Succeeded"
+    assert kube.patches[-1]["progress"]["accuracy"] == 0.98

@@ -10,15 +10,15 @@ import kopf
 import pytest
 from kopf._core.intents.causes import Activity  # not re-exported by kopf
 
-from etj_operator import handlers
 from etj_operator.api.models import CapacityType
-from etj_operator.runner import _rules, build_state, parse_args
+from etj_operator.k8s import handlers
+from etj_operator.k8s.main import _rules, build_state, parse_args
 
 
 def test_custom_registry_has_a_login_handler() -> None:
     # Regression: a plain OperatorRegistry lacks kopf's default login handlers ("Ran out of valid
     # credentials"); the operator must register its own.
-    found = handlers.REGISTRY._activities.get_handlers(activity=Activity.AUTHENTICATION)
+    found = handlers.KOPF_REGISTRY._activities.get_handlers(activity=Activity.AUTHENTICATION)
     assert [h.fn for h in found] == [handlers.login]
 
 
@@ -69,7 +69,7 @@ def test_watch_handlers_run_on_the_event_loop() -> None:
     # asyncio.Event does not wake the loop; drains then waited for the next timer (seconds).
     import inspect
 
-    registry = handlers.REGISTRY
+    registry = handlers.KOPF_REGISTRY
     fns = [h.fn for h in registry._watching.get_all_handlers()] + [
         h.fn for h in registry._indexing.get_all_handlers()
     ]

@@ -5,9 +5,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
+from etj_contract.progress import ResizeRecord
 from etj_operator.api.models import ResizeEvent
-from etj_operator.planner import plan
-from etj_operator.status import merge_resizes
+from etj_operator.decide.job_status import merge_resizes, record_resize
+from etj_operator.decide.planner import plan
 from tests.unit.factories import NOW, cluster, job, observe, started, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]
@@ -59,6 +62,10 @@ def _ev(seconds: int, frm: int, to: int, reason: str = "", pause: float | None =
     )
 
 
+def _records(raw: list[dict[str, Any]]) -> list[ResizeRecord]:
+    return [r for r in map(ResizeRecord.from_json, raw) if r is not None]
+
+
 def test_trainer_resize_enriches_the_operator_record_once() -> None:
     ours = [_ev(0, 4, 3, "SpotInterruption")]
     reported = [
@@ -71,16 +78,16 @@ def test_trainer_resize_enriches_the_operator_record_once() -> None:
             "stepsLost": 3,
         }
     ]
-    merged = merge_resizes(ours, reported)
+    merged = merge_resizes(ours, _records(reported))
     assert len(merged) == 1
     assert (merged[0].reason, merged[0].pause_seconds, merged[0].steps_lost) == ("SpotInterruption", 18.5, 3)
-    assert merge_resizes(merged, reported) == merged  # idempotent on the next poll
+    assert merge_resizes(merged, _records(reported)) == merged  # idempotent on the next poll
 
 
 def test_unmatched_trainer_resize_is_appended_in_time_order() -> None:
     merged = merge_resizes(
         [_ev(100, 4, 3, "SpotInterruption")],
-        [{"time": NOW.isoformat(), "from": 3, "to": 4, "reason": "CapacityAdded"}],
+        _records([{"time": NOW.isoformat(), "from": 3, "to": 4, "reason": "CapacityAdded"}]),
     )
     assert [e.to for e in merged] == [4, 3]
 
@@ -159,3 +166,41 @@ def test_one_entry_per_resize_whichever_side_reports_first() -> None:
     operator_first = history(later, None)
     assert len(trainer_first) == 1 and trainer_first[0][2] != "scale-down" and trainer_first[0][3] == 0.3
     assert trainer_first == operator_first
+
+
+# One interruption and one return, as both sides see them: the operator's records (reason, when it saw the
+# pod count change) and the trainer's (pause, when the new world trained its first step).
+OP_LEAVE = _ev(0, 4, 3, "SpotInterruption")
+OP_JOIN = _ev(30, 3, 4, "CapacityAdded")
+OP_END = _ev(200, 4, 0, "JobFinished")
+
+
+def _rec(seconds: int, frm: int, to: int, pause: float) -> ResizeRecord:
+    at = (NOW + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return ResizeRecord(at, frm, to, "scale-down" if to < frm else "scale-up", pause, 0)
+
+
+TR_LEAVE, TR_JOIN = _rec(1, 4, 3, 0.16), _rec(38, 3, 4, 1.4)
+ARRIVALS: dict[str, list[ResizeEvent | list[ResizeRecord]]] = {
+    "the trainer's report before the operator's record": [[TR_LEAVE], OP_LEAVE, OP_JOIN, [TR_LEAVE, TR_JOIN]],
+    "the trainer's report after the operator's record": [OP_LEAVE, [TR_LEAVE], OP_JOIN, [TR_LEAVE, TR_JOIN]],
+    "the trainer's reports long after (both resizes and the end first)": [
+        OP_LEAVE,
+        OP_JOIN,
+        OP_END,
+        [TR_LEAVE, TR_JOIN],
+    ],
+    "a stale report without the join in between": [OP_LEAVE, [TR_LEAVE], OP_JOIN, [], [TR_LEAVE, TR_JOIN]],
+}
+
+
+@pytest.mark.parametrize("order", list(ARRIVALS))
+def test_one_entry_per_resize_with_both_sides_fields_whatever_the_order(order: str) -> None:
+    history: list[ResizeEvent] = []
+    for item in ARRIVALS[order]:
+        history = (
+            record_resize(history, item) if isinstance(item, ResizeEvent) else merge_resizes(history, item)
+        )
+        history = merge_resizes(history, [])  # a poll that brings nothing new changes nothing
+    got = [(e.from_, e.to, e.reason, e.pause_seconds) for e in history if e.to > 0]
+    assert got == [(4, 3, "SpotInterruption", 0.16), (3, 4, "CapacityAdded", 1.4)], order

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.workload import rendezvous_pod, rendezvous_service, worker_pod
+from etj_operator.decide.workload import rendezvous_pod, rendezvous_service, worker_pod
 from tests.unit.factories import spec
 
 
@@ -187,14 +187,18 @@ def test_user_required_terms_are_anded_with_the_capacity_rule() -> None:
 def test_store_runs_on_demand_behind_a_headless_service() -> None:
     pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u")
     assert pod["metadata"]["name"] == "train-rdzv"
-    assert pod["spec"]["containers"][0]["command"] == [
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == [
         "etj-train",
         "store",
+        "--host",
+        "$(POD_IP)",
         "--port",
         "29400",
         "--http-port",
         "29401",
     ]
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
     assert _required_terms(pod)[0] == [
         {"key": "etj.dev/capacity-type", "operator": "In", "values": ["on-demand"]}
     ]

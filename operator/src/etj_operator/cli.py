@@ -1,93 +1,87 @@
-"""The `etj` command: local cluster, operator, CRD generation and the demo."""
+"""The `etj` command: `etj operator run`, `etj crd generate`, and the commands other installed packages add.
+
+The test bed (`etj_testbed`: `etj cluster`, `etj demo`) adds its commands through the `etj.commands`
+entry-point group (pyproject.toml), so the operator never imports it and the operator image, which does not
+install it, has an `etj` without them.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import sys
-from pathlib import Path
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
 
-from etj_operator.localcluster import toolchain
-from etj_operator.localcluster.errors import ClusterError
+PLUGIN_GROUP = "etj.commands"
 
-
-def _cluster(args: argparse.Namespace) -> int:
-    from etj_operator.localcluster.cluster import LocalCluster
-
-    cluster = LocalCluster.named(args.name)
-    if args.action == "build":
-        toolchain.ensure_built()
-        for path in toolchain.link_tools_into(Path(sys.executable).parent):
-            print(f"linked {path}", file=sys.stderr)
-        print(toolchain.bin_dir())
-    elif args.action == "up":
-        kubeconfig = cluster.up()
-        print(f"cluster ready: {cluster.layout.server}", file=sys.stderr)
-        print(f"  export KUBECONFIG={kubeconfig}", file=sys.stderr)
-        print(kubeconfig)  # last stdout line: scripts do KUBECONFIG=$(etj cluster up | tail -1)
-    elif args.action == "down":
-        cluster.down(keep_data=args.keep_data)
-        print("cluster stopped", file=sys.stderr)
-    else:
-        print(json.dumps(cluster.status(), indent=2))
-    return 0
+Command = Callable[[list[str]], int]
 
 
-def _operator(args: argparse.Namespace, rest: list[str]) -> int:
-    from etj_operator.runner import run_operator
+def _importable(ep: EntryPoint) -> bool:
+    try:
+        return importlib.util.find_spec(ep.module) is not None
+    except ModuleNotFoundError:  # its package is absent: the operator image declares, not ships, the test bed
+        return False
+
+
+def plugins() -> dict[str, EntryPoint]:
+    """The installed packages' commands, by name: each entry point names a function `(argv) -> exit code`.
+
+    The project's metadata declares the test bed's commands in every install; the operator image has no
+    test bed, so only the entry points whose module is there count."""
+    return {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP) if _importable(ep)}
+
+
+def _operator(rest: list[str]) -> int:
+    from etj_operator.k8s.main import run_operator
 
     return run_operator(rest)
 
 
-def _crd(args: argparse.Namespace, rest: list[str]) -> int:
+def _crd(rest: list[str]) -> int:
     from etj_operator.api.crd import main as crd_main
 
     return crd_main(rest)
 
 
-def _demo(args: argparse.Namespace, rest: list[str]) -> int:
-    from etj_operator.demo import run_demo
+BUILTIN: dict[str, tuple[Command, str, str]] = {
+    # name: (command, the sub-action it accepts and drops, help)
+    "operator": (_operator, "run", "run the operator: `etj operator run [--namespace NS] ...`"),
+    "crd": (_crd, "generate", "`etj crd generate`: write crds/ from the pydantic models"),
+}
 
-    return run_demo(rest)
+
+def _help_of(ep: EntryPoint) -> str:
+    doc = getattr(ep.load(), "__doc__", None) or ep.value
+    return doc.strip().splitlines()[0]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(found: dict[str, EntryPoint]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="etj", description="ElasticTrainingJob: elastic PyTorch on K8s")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    cluster = sub.add_parser(
-        "cluster", help="the local control plane (etcd, apiserver, kcm, scheduler, kwok)"
-    )
-    cluster.add_argument("action", choices=["build", "up", "down", "status"])
-    cluster.add_argument("--name", default=None, help="cluster name (default $ETJ_CLUSTER_NAME or 'etj')")
-    cluster.add_argument("--keep-data", action="store_true", help="down: keep etcd data and certificates")
-
-    sub.add_parser(
-        "operator", help="run the operator: `etj operator run [--namespace NS] ...`", add_help=False
-    )
-    sub.add_parser("crd", help="`etj crd generate`: write crds/ from the pydantic models", add_help=False)
-    sub.add_parser("demo", help="the end-to-end spot-interruption demo on the local cluster", add_help=False)
+    for name, (_, _, help_text) in BUILTIN.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    for name, ep in sorted(found.items()):
+        sub.add_parser(name, help=_help_of(ep), add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    # operator/crd/demo forward their own flags to the module that owns them.
-    if argv and argv[0] in ("operator", "crd", "demo"):
-        command, rest = argv[0], argv[1:]
-        if command in ("operator", "crd") and rest and rest[0] in ("run", "generate"):
+    # Every command parses its own flags: the rest of the line goes to the module that owns it.
+    if argv and argv[0] in BUILTIN:
+        command, action, _ = BUILTIN[argv[0]]
+        rest = argv[1:]
+        if rest and rest[0] == action:
             rest = rest[1:]
-        handler = {"operator": _operator, "crd": _crd, "demo": _demo}[command]
-        return handler(argparse.Namespace(), rest)
-    args = parser.parse_args(argv)
-    try:
-        return _cluster(args)
-    except ClusterError as exc:
-        print(f"etj: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
+        return command(rest)
+    found = plugins()
+    if argv and argv[0] in found:
+        plugin: Command = found[argv[0]].load()
+        return plugin(argv[1:])
+    build_parser(found).parse_args(argv)  # --help, or an error naming the commands there are
+    return 2
 
 
 if __name__ == "__main__":

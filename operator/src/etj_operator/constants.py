@@ -1,4 +1,4 @@
-"""Names shared by the operator's modules: labels, annotations, ports, taint keys.
+"""Names shared by the operator's modules: labels, and the node labels that override (ports: etj_contract).
 
 Kept in one place because the worker pods, the indices and the tests must agree on them exactly.
 """
@@ -20,7 +20,3 @@ ROLE_RENDEZVOUS = "rendezvous"
 # Node label that overrides every cloud convention (values: spot, on-demand) and names the pool.
 LABEL_CAPACITY_OVERRIDE = f"{GROUP}/capacity-type"
 LABEL_POOL_OVERRIDE = f"{GROUP}/pool"
-
-# Rendezvous store ports (docs/contract.md).
-RDZV_PORT = 29400
-PROGRESS_PORT = 29401

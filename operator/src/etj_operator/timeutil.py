@@ -20,7 +20,3 @@ def parse_time(value: object) -> datetime | None:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def fmt_time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

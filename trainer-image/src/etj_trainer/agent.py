@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from etj_contract import env as etj_env
+
 log = logging.getLogger(__name__)
 
 # Preloaded into the forkserver: everything a worker imports before its first step -- and only that, since
@@ -58,9 +60,9 @@ def preload_modules(env: Mapping[str, str]) -> list[str]:
     from etj_trainer.config import TrainConfig
 
     mods = list(BASE_PRELOAD)
-    if any(env.get(v, "") not in ("", "digits-tensor") for v in ("ETJ_DATA", "ETJ_VAL_DATA")):
+    if any(v.get(env, "") not in ("", "digits-tensor") for v in (etj_env.DATA, etj_env.VAL_DATA)):
         mods += DALI_PRELOAD
-    model = env.get("ETJ_MODEL") or TrainConfig.model
+    model = etj_env.MODEL.get(env, TrainConfig.model)
     mods.append(model.split(":", 1)[0] if ":" in model else "torchvision")
     return mods
 
@@ -86,20 +88,16 @@ class AgentConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
         e = os.environ if env is None else env
         cfg = cls(
-            endpoint=e["ETJ_RDZV_ENDPOINT"],
-            run_id=e.get("ETJ_RDZV_ID", "etj"),
-            min_nodes=int(e.get("ETJ_MIN_WORKERS", "1")),
-            max_nodes=int(e.get("ETJ_MAX_WORKERS", "1")),
-            nproc_per_node=int(e.get("ETJ_NPROC_PER_WORKER", "1")),
+            endpoint=e[etj_env.RDZV_ENDPOINT.name],
+            run_id=etj_env.RDZV_ID.get(e, "etj"),
+            min_nodes=etj_env.MIN_WORKERS.get(e, 1),
+            max_nodes=etj_env.MAX_WORKERS.get(e, 1),
+            nproc_per_node=etj_env.NPROC_PER_WORKER.get(e, 1),
+            fast_restart=etj_env.FAST_RESTART.get(e, True),
         )
-        if e.get("ETJ_LAST_CALL_TIMEOUT"):
-            cfg.last_call_timeout = float(e["ETJ_LAST_CALL_TIMEOUT"])
-        if e.get("ETJ_RDZV_POLL_INTERVAL"):
-            cfg.rdzv_poll_interval = float(e["ETJ_RDZV_POLL_INTERVAL"])
-        if e.get("ETJ_KEEP_ALIVE_INTERVAL"):
-            cfg.keep_alive_interval = int(e["ETJ_KEEP_ALIVE_INTERVAL"])
-        if e.get("ETJ_FAST_RESTART", "1") == "0":
-            cfg.fast_restart = False
+        cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
+        cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)
+        cfg.keep_alive_interval = etj_env.KEEP_ALIVE_INTERVAL.get(e, cfg.keep_alive_interval)
         return cfg
 
     def rdzv_configs(self) -> dict[str, Any]:
@@ -156,7 +154,7 @@ def worker_entry() -> None:
 
     stop = StopFlag()
     stop.install()  # first: a SIGTERM during start-up must still end in a checkpoint, not a crash
-    logging.basicConfig(level=os.environ.get("ETJ_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
     cfg = TrainConfig.from_env()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=collective_timeout())
@@ -264,7 +262,7 @@ def run_agent(cfg: AgentConfig) -> int:
         # every worker inherits it.
         fd, state_file = tempfile.mkstemp(prefix="etj-agent-", suffix=".state")
         os.close(fd)
-        os.environ["ETJ_AGENT_STATE_FILE"] = state_file
+        os.environ[etj_env.AGENT_STATE_FILE.name] = state_file
         warmup = start_forkserver(os.environ)
 
     from torch.distributed.elastic.agent.server.api import WorkerSpec
@@ -296,7 +294,7 @@ def run_agent(cfg: AgentConfig) -> int:
             # external, every worker has passed the trainer's final barrier, and after an in-process
             # leave the round's size is stale (the barrier would wait its full timeout for a departed node).
             if not cfg.external_store:
-                super()._exit_barrier()
+                super()._exit_barrier()  # type: ignore[no-untyped-call]  # torch's, untyped
 
     spec = WorkerSpec(
         role="trainer",

@@ -6,59 +6,27 @@ import argparse
 import sys
 from pathlib import Path
 
-TRAIN_FLAGS = {  # flag -> env var (the same ETJ_* the operator sets, plus trainer extensions)
-    "data": "ETJ_DATA",
-    "val_data": "ETJ_VAL_DATA",
-    "model": "ETJ_MODEL",
-    "epochs": "ETJ_EPOCHS",
-    "max_steps": "ETJ_MAX_STEPS",
-    "global_batch_size": "ETJ_GLOBAL_BATCH_SIZE",
-    "micro_batch_size": "ETJ_MICRO_BATCH_SIZE",
-    "resize_policy": "ETJ_RESIZE_POLICY",
-    "dsgd_ramp_steps": "ETJ_DSGD_RAMP_STEPS",
-    "seed": "ETJ_SEED",
-    "lr": "ETJ_LR",
-    "checkpoint_dir": "ETJ_CHECKPOINT_DIR",
-    "checkpoint_interval_steps": "ETJ_CHECKPOINT_INTERVAL_STEPS",
-    "sample_log_dir": "ETJ_SAMPLE_LOG_DIR",
-    "dtype": "ETJ_DTYPE",
-    "min_step_seconds": "ETJ_MIN_STEP_SECONDS",
-    # the training recipe (spec.training.optimizer / lrSchedule / precision / augmentation)
-    "momentum": "ETJ_MOMENTUM",
-    "weight_decay": "ETJ_WEIGHT_DECAY",
-    "no_wd_norm_bias": "ETJ_NO_WD_NORM_BIAS",
-    "label_smoothing": "ETJ_LABEL_SMOOTHING",
-    "lr_schedule": "ETJ_LR_SCHEDULE",
-    "warmup_epochs": "ETJ_WARMUP_EPOCHS",
-    "lr_milestones": "ETJ_LR_MILESTONES",
-    "lr_gamma": "ETJ_LR_GAMMA",
-    "lr_power": "ETJ_LR_POWER",
-    "lr_final_fraction": "ETJ_LR_FINAL_FRACTION",
-    "precision": "ETJ_PRECISION",
-    "augment": "ETJ_AUGMENT",
-    "min_crop_scale": "ETJ_MIN_CROP_SCALE",
-    "val_resize": "ETJ_VAL_RESIZE",
-    "image_size": "ETJ_IMAGE_SIZE",
-}
-SWITCHES = {"nesterov": "ETJ_NESTEROV"}  # flags without a value: present = on
-CHOICES = {
-    "lr_schedule": ("constant", "step", "cosine", "poly"),
-    "precision": ("fp32", "bf16", "fp16"),
-    "augment": ("none", "standard"),
-    "no_wd_norm_bias": ("true", "false"),
-}
+from etj_contract import env as etj_env
+from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
+
+# --<field> flag -> the variable it sets (etj_contract.env marks which are flags).
+TRAIN_FLAGS = {var.field: var.name for var in etj_env.TRAIN_FLAGS if var.field is not None}
+# Boolean variables: `--nesterov` alone means on, `--nesterov false` / `--no-wd-norm-bias false` set a value.
+SWITCHES = {var.field for var in etj_env.TRAIN_FLAGS if var.parse is etj_env.truthy}
+CHOICES = {v.field: v.parse.options for v in etj_env.TRAIN_FLAGS if isinstance(v.parse, etj_env.Choice)}
 
 
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
     for name in TRAIN_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None, choices=CHOICES.get(name))
-    for name in SWITCHES:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, action="store_const", const="1")
+        flag = "--" + name.replace("_", "-")
+        if name in SWITCHES:
+            p.add_argument(flag, dest=name, default=None, nargs="?", const="true")
+        else:
+            p.add_argument(flag, dest=name, default=None, choices=CHOICES.get(name))
 
 
 def _train_env(ns: argparse.Namespace) -> dict[str, str]:
-    flags = {**TRAIN_FLAGS, **SWITCHES}
-    return {env: str(getattr(ns, k)) for k, env in flags.items() if getattr(ns, k) is not None}
+    return {env: str(getattr(ns, k)) for k, env in TRAIN_FLAGS.items() if getattr(ns, k) is not None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("store", help="rendezvous pod: TCPStore + HTTP progress server")
     st.add_argument("--host", default="0.0.0.0")
-    st.add_argument("--port", type=int, default=29400)
-    st.add_argument("--http-port", type=int, default=29401)
+    st.add_argument("--port", type=int, default=RDZV_PORT)
+    st.add_argument("--http-port", type=int, default=PROGRESS_PORT)
     sub.add_parser("worker", help="worker pod: elastic agent from the ETJ_* environment")
     lo = sub.add_parser("local", help="run store + N agents on loopback, resizing on a schedule")
     lo.add_argument("--nodes", type=int, default=2)
@@ -108,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         for ev in parse_schedule(ns.schedule):
             n += ev.count if ev.action == "+" else -ev.count
             peak = max(peak, n)
-        env = {"ETJ_MAX_WORKERS": str(ns.max_nodes or peak), **_train_env(ns)}
+        env = {etj_env.MAX_WORKERS.name: str(ns.max_nodes or peak), **_train_env(ns)}
         return local_main(ns.nodes, ns.schedule, env, ns.log_dir)
     if ns.cmd == "train":
         import os

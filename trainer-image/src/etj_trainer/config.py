@@ -1,15 +1,17 @@
-"""Training configuration, read from the ``ETJ_*`` environment of docs/contract.md (or built directly)."""
+"""Training configuration, read from the ``ETJ_*`` environment of ``etj_contract.env`` (or built directly)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
+from etj_contract import env as etj_env
 from etj_trainer.augment import Augmentation
 from etj_trainer.batching import ResizePolicy
-from etj_trainer.schedule import LrSchedule, ScheduleType, parse_milestones
+from etj_trainer.schedule import LrSchedule, ScheduleType
 
 
 @dataclass
@@ -56,89 +58,35 @@ class TrainConfig:
     deterministic: bool = True
     dali_threads: int = 2
     min_step_seconds: float = 0.0  # throttle (demos/tests on a laptop: makes resizes land mid-training)
-    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The environment gives text; the contract module is standard-library only.
+        self.resize_policy = ResizePolicy(self.resize_policy)
+        self.lr_schedule = ScheduleType(self.lr_schedule)
+        self.augment = Augmentation(self.augment)
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be fp32, bf16 or fp16, not {self.precision!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> TrainConfig:
+        """The variables of ``etj_contract.env`` that name a config field, then ``overrides`` (by field)."""
         e = os.environ if env is None else env
-        cfg = cls()
-
-        def get(name: str) -> str | None:
-            v = e.get(name)
-            return v if v not in (None, "") else None
-
-        ints = {
-            "ETJ_GLOBAL_BATCH_SIZE": "global_batch_size",
-            "ETJ_MICRO_BATCH_SIZE": "micro_batch_size",
-            "ETJ_DSGD_RAMP_STEPS": "dsgd_ramp_steps",
-            "ETJ_MIN_WORKERS": "min_workers",
-            "ETJ_MAX_WORKERS": "max_workers",
-            "ETJ_EPOCHS": "epochs",
-            "ETJ_SEED": "seed",
-            "ETJ_CHECKPOINT_INTERVAL_STEPS": "checkpoint_interval_steps",
-            "ETJ_MAX_STEPS": "max_steps",
-            "ETJ_NUM_CLASSES": "num_classes",
-            "ETJ_IMAGE_SIZE": "image_size",
-            "ETJ_VAL_RESIZE": "val_resize",
-        }
-        for var, attr in ints.items():
-            if (v := get(var)) is not None:
-                setattr(cfg, attr, int(v))
-        strs = {
-            "ETJ_DATA": "data",
-            "ETJ_VAL_DATA": "val_data",
-            "ETJ_MODEL": "model",
-            "ETJ_PROGRESS_URL": "progress_url",
-            "ETJ_JOB_NAME": "job_name",
-            "ETJ_DTYPE": "dtype",
-            "ETJ_PRECISION": "precision",
-        }
-        for var, attr in strs.items():
-            if (v := get(var)) is not None:
-                setattr(cfg, attr, v)
-        for var, attr in (
-            ("ETJ_LR", "lr"),
-            ("ETJ_MOMENTUM", "momentum"),
-            ("ETJ_MIN_STEP_SECONDS", "min_step_seconds"),
-            ("ETJ_WEIGHT_DECAY", "weight_decay"),
-            ("ETJ_LABEL_SMOOTHING", "label_smoothing"),
-            ("ETJ_WARMUP_EPOCHS", "warmup_epochs"),
-            ("ETJ_LR_GAMMA", "lr_gamma"),
-            ("ETJ_LR_POWER", "lr_power"),
-            ("ETJ_LR_FINAL_FRACTION", "lr_final_fraction"),
-            ("ETJ_MIN_CROP_SCALE", "min_crop_scale"),
-        ):
-            if (v := get(var)) is not None:
-                setattr(cfg, attr, float(v))
-        if (v := get("ETJ_RESIZE_POLICY")) is not None:
-            cfg.resize_policy = ResizePolicy(v)
-        for var, attr in (
-            ("ETJ_SYNC_BATCHNORM", "sync_batchnorm"),
-            ("ETJ_NESTEROV", "nesterov"),
-            ("ETJ_NO_WD_NORM_BIAS", "no_wd_norm_bias"),
-        ):
-            if (v := get(var)) is not None:
-                setattr(cfg, attr, v.lower() in ("1", "true", "yes"))
-        if (v := get("ETJ_LR_SCHEDULE")) is not None:
-            cfg.lr_schedule = ScheduleType(v)
-        if (v := get("ETJ_LR_MILESTONES")) is not None:
-            cfg.lr_milestones = parse_milestones(v)
-        if (v := get("ETJ_AUGMENT")) is not None:
-            cfg.augment = Augmentation(v)
-        if (v := get("ETJ_CHECKPOINT_DIR")) is not None:
-            cfg.checkpoint_dir = Path(v)
-        if (v := get("ETJ_LOCAL_CHECKPOINT_DIR")) is not None:
-            cfg.local_checkpoint_dir = Path(v)
-        elif get("ETJ_RDZV_ID") is not None and Path("/dev/shm").is_dir():
-            # Per job run (the rendezvous id is the job uid): /dev/shm is shared by every process of the pod
-            # (and of the laptop); without a run id a stale copy from another run could be picked up.
-            cfg.local_checkpoint_dir = Path("/dev/shm") / f"etj-{cfg.job_name}-{e['ETJ_RDZV_ID']}"
-        if (v := get("ETJ_SAMPLE_LOG_DIR")) is not None:
-            cfg.sample_log_dir = Path(v)
         names = {f.name for f in fields(cls)}
-        for k, val in overrides.items():
+        for k in overrides:
             if k not in names:
                 raise TypeError(f"unknown config field {k}")
+        values: dict[str, Any] = {}
+        for var in etj_env.CONFIG_FIELDS:
+            value = var.read(e)
+            if value is not None and var.field is not None:
+                values[var.field] = value
+        cfg = cls(**values)
+        rdzv_id = etj_env.RDZV_ID.read(e)
+        if cfg.local_checkpoint_dir is None and rdzv_id is not None and Path("/dev/shm").is_dir():
+            # Per job run (the rendezvous id is the job uid): /dev/shm is shared by every process of the pod
+            # (and of the laptop); without a run id a stale copy from another run could be picked up.
+            cfg.local_checkpoint_dir = Path("/dev/shm") / f"etj-{cfg.job_name}-{rdzv_id}"
+        for k, val in overrides.items():
             setattr(cfg, k, val)
         return cfg
 

@@ -164,7 +164,7 @@ class DaliImageSource:
             "std": [STD * 255] * 3,
         }
 
-        @pipeline_def(
+        @pipeline_def(  # type: ignore[untyped-decorator]  # DALI is untyped (imported as Any above)
             batch_size=self.max_batch,
             num_threads=self.threads,
             device_id=device_id,

@@ -1,9 +1,9 @@
 """Batch sources: what turns a stream of sample-index batches into ``(images, labels)`` tensors.
 
 The trainer hands a source the exact, lookahead-able stream of micro-batch indices that the elastic sampler
-assigns to this rank (the world size is fixed for a worker process's lifetime: torch elastic restarts the
-workers on every membership change), so a source may prefetch freely and a resize re-shards it simply
-because the new process derives a new stream.
+assigns to this rank. The world size is fixed for one stream: the trainer derives a new stream for every
+membership of the world (a join restarts the workers; a graceful leave re-forms the world in place,
+regroup.py), so a source may prefetch freely and a resize re-shards it simply through the new stream.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from etj_contract import env as etj_env
 from etj_trainer.augment import Augmentation, Crops, apply_to_tensors, draw_crops
 
 MEAN, STD = 0.5, 0.25  # digits are grey scale; the same constants are used by the DALI path
@@ -132,7 +133,7 @@ def fashion_mnist_tensor_source(
 
 
 def digits_cache_dir() -> Path:
-    return Path(os.environ.get("ETJ_DATA_CACHE", "/tmp/etj-data")) / "digits"
+    return etj_env.DATA_CACHE.get(os.environ, Path("/tmp/etj-data")) / "digits"
 
 
 def ensure_digits(image_size: int = 32) -> Path:

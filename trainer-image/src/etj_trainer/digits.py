@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from etj_contract import env as etj_env
 from etj_trainer.packed import add_sample, grey_jpeg
 
 VAL_FRACTION = 0.2
@@ -26,7 +27,7 @@ def digits_split() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     Cached as one .npz under ``$ETJ_DATA_CACHE`` (default /tmp/etj-data): importing scikit-learn costs a
     worker about a second at every restart, the cached arrays a few milliseconds.
     """
-    cache = Path(os.environ.get("ETJ_DATA_CACHE", "/tmp/etj-data")) / f"digits-split-{SPLIT_SEED}.npz"
+    cache = etj_env.DATA_CACHE.get(os.environ, Path("/tmp/etj-data")) / f"digits-split-{SPLIT_SEED}.npz"
     try:
         with np.load(cache) as z:
             return {s: (z[f"{s}_x"], z[f"{s}_y"]) for s in ("train", "val")}

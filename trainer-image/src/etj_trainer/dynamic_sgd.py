@@ -106,7 +106,7 @@ class DynamicSGD(torch.optim.SGD):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         self._apply_multiplier()
-        loss = super().step(closure)
+        loss: float | None = super().step(closure)
         self.iteration += 1
         self._apply_multiplier()
         return loss

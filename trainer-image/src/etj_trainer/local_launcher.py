@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from etj_contract import env as etj_env
 from etj_trainer.progress import get_json
 
 
@@ -60,7 +61,7 @@ def free_port() -> int:
 
 
 @dataclass
-class LocalCluster:
+class LocalAgents:
     env: dict[str, str]
     log_dir: Path
     store: subprocess.Popen[bytes] | None = None
@@ -70,8 +71,8 @@ class LocalCluster:
 
     def start_store(self) -> None:
         self.store, port, http_port = launch_store(self.log_dir / "store.log")
-        self.env["ETJ_RDZV_ENDPOINT"] = f"127.0.0.1:{port}"
-        self.progress_url = self.env["ETJ_PROGRESS_URL"] = f"http://127.0.0.1:{http_port}/progress"
+        self.env[etj_env.RDZV_ENDPOINT.name] = f"127.0.0.1:{port}"
+        self.progress_url = self.env[etj_env.PROGRESS_URL.name] = f"http://127.0.0.1:{http_port}/progress"
         deadline = time.monotonic() + 60
         while get_json(self.progress_url) is None:
             if time.monotonic() > deadline or self.store.poll() is not None:
@@ -80,7 +81,7 @@ class LocalCluster:
 
     def start_agent(self) -> None:
         i = len(self.agents)
-        env = {**self.env, "ETJ_WORKER_ID": f"worker-{i}"}
+        env = {**self.env, etj_env.WORKER_ID.name: f"worker-{i}"}
         out = open(self.log_dir / f"worker-{i}.log", "wb")  # noqa: SIM115
         self.agents.append(
             subprocess.Popen(
@@ -128,16 +129,16 @@ def run_local(
     run_id = uuid.uuid4().hex[:12]
     env = {
         **os.environ,
-        "ETJ_JOB_NAME": "local",
-        "ETJ_RDZV_ID": run_id,
-        "ETJ_NPROC_PER_WORKER": "1",
-        "ETJ_MIN_WORKERS": "1",
-        "ETJ_MAX_WORKERS": str(max(nodes, 1)),
+        etj_env.JOB_NAME.name: "local",
+        etj_env.RDZV_ID.name: run_id,
+        etj_env.NPROC_PER_WORKER.name: "1",
+        etj_env.MIN_WORKERS.name: "1",
+        etj_env.MAX_WORKERS.name: str(max(nodes, 1)),
         **train_env,
     }
-    env.setdefault("ETJ_CHECKPOINT_DIR", str(log_dir / "checkpoints"))
-    env.setdefault("ETJ_LOCAL_CHECKPOINT_DIR", f"/dev/shm/etj-local-{run_id}")
-    cluster = LocalCluster(env=env, log_dir=log_dir)
+    env.setdefault(etj_env.CHECKPOINT_DIR.name, str(log_dir / "checkpoints"))
+    env.setdefault(etj_env.LOCAL_CHECKPOINT_DIR.name, f"/dev/shm/etj-local-{run_id}")
+    cluster = LocalAgents(env=env, log_dir=log_dir)
     pending = list(schedule)
     last: dict[str, object] = {}
     try:
@@ -159,7 +160,7 @@ def run_local(
         cluster.stop()
         import shutil
 
-        shutil.rmtree(env["ETJ_LOCAL_CHECKPOINT_DIR"], ignore_errors=True)
+        shutil.rmtree(env[etj_env.LOCAL_CHECKPOINT_DIR.name], ignore_errors=True)
     return {**last, "agentExitCodes": codes, "events": cluster.events}
 
 

@@ -41,14 +41,6 @@ def build_model(spec: str, num_classes: int) -> nn.Module:
     return model
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def flat_parameters(model: nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
-
-
 class _Block(nn.Module):
     """A ResNet basic block (two 3x3 convolutions with BatchNorm, identity or 1x1 projection shortcut)."""
 

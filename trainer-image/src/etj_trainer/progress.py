@@ -1,7 +1,10 @@
 """Progress channel of docs/contract.md: rank 0 POSTs JSON to ``ETJ_PROGRESS_URL``.
 
 Posting happens on a background thread with latest-value-wins semantics so a slow or absent progress
-server never stalls a training step; ``report(force=True)`` (resizes, the end) bypasses the ~1/s limit.
+server never stalls a training step; ``report(force=True)`` (resizes) bypasses the ~1/s limit. The end is
+different: ``finish`` POSTs the final report synchronously and retries until the store acknowledges it,
+because the operator marks the job Succeeded from that report (etj_contract.progress says why nothing else
+the operator must see can be lost: the store merges reports).
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ import urllib.request
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+# How long a finishing rank 0 keeps retrying its final report: well inside the pod's grace period and the
+# operator's wait for it (planner.FINAL_REPORT_GRACE).
+FINAL_REPORT_DEADLINE_S = 60.0
 
 
 def post_json(url: str, payload: dict[str, Any], timeout: float = 2.0) -> None:
@@ -69,6 +76,30 @@ class ProgressReporter:
                 post_json(self.url, payload)
             except OSError as e:  # the channel is best effort; training must go on without it
                 log.debug("progress POST to %s failed: %s", self.url, e)
+
+    def finish(self, payload: dict[str, Any], deadline_s: float = FINAL_REPORT_DEADLINE_S) -> bool:
+        """Flush what is pending, then POST the final report until the store acknowledges it.
+
+        Returns whether it was acknowledged within ``deadline_s``. A store that is away for a moment (a
+        dropped connection, a restart) costs a retry, not the job's accuracy in status.
+        """
+        self.close()
+        if not self.url:
+            return False
+        deadline = time.monotonic() + deadline_s
+        delay = 0.1
+        while True:
+            try:
+                post_json(self.url, payload)
+                return True
+            except OSError as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("final progress report to %s not acknowledged: %s", self.url, e)
+                    return False
+                log.info("final progress report to %s failed (%s); retrying", self.url, e)
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 2.0)
 
     def close(self, timeout: float = 5.0) -> None:
         """Flush the last pending report and stop the thread."""

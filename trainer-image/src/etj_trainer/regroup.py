@@ -22,6 +22,8 @@ from enum import IntEnum
 
 import torch.distributed as dist
 
+from etj_contract import env as etj_env
+
 
 class StopCode(IntEnum):
     RUN = 0
@@ -55,7 +57,9 @@ def decide(codes: list[int], min_ranks: int, enabled: bool) -> Regroup:
 
 def enabled_from_env() -> bool:
     """Only under ``etj-train worker`` (which sets ETJ_AGENT_STATE_FILE) with an external store."""
-    return bool(os.environ.get("ETJ_AGENT_STATE_FILE")) and bool(os.environ.get("ETJ_RDZV_ENDPOINT"))
+    return bool(os.environ.get(etj_env.AGENT_STATE_FILE.name)) and bool(
+        os.environ.get(etj_env.RDZV_ENDPOINT.name)
+    )
 
 
 AGENT_RESTARTING, AGENT_RUNNING = "restarting", "running"
@@ -70,7 +74,7 @@ def write_agent_state(path: str, state: str) -> None:
 
 def agent_is_restarting() -> bool:
     """The workers' half, read by the SIGTERM handler: did our agent say it is restarting us?"""
-    path = os.environ.get("ETJ_AGENT_STATE_FILE")
+    path = os.environ.get(etj_env.AGENT_STATE_FILE.name)
     if not path:
         return False
     try:
@@ -83,7 +87,7 @@ def agent_is_restarting() -> bool:
 def collective_timeout() -> timedelta:
     """Bounded (ETJ_COLLECTIVE_TIMEOUT_S, default 120 s): a peer that vanished without closing its sockets
     must not hang the survivors for torch's default 30 minutes (pytorch#111646)."""
-    return timedelta(seconds=int(os.environ.get("ETJ_COLLECTIVE_TIMEOUT_S", "120")))
+    return timedelta(seconds=etj_env.COLLECTIVE_TIMEOUT_S.get(os.environ, 120))
 
 
 def reform(key: str, new_rank: int, new_world: int) -> None:
@@ -92,7 +96,7 @@ def reform(key: str, new_rank: int, new_world: int) -> None:
 
     ``key`` must be the same on every survivor and never reused by this job (old-incarnation id + step).
     """
-    host, _, port = os.environ["ETJ_RDZV_ENDPOINT"].rpartition(":")
+    host, _, port = os.environ[etj_env.RDZV_ENDPOINT.name].rpartition(":")
     backend, timeout = str(dist.get_backend()), collective_timeout()
     dist.destroy_process_group()
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)

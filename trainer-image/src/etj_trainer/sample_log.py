@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ class SampleLog:
         self._f = open(directory / f"samples-{incarnation:.6f}-rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
 
     def write(self, epoch: int, step: int, world: int, ids: np.ndarray, lr: float | None = None) -> None:
-        rec = {
+        rec: dict[str, Any] = {
             "inc": self.incarnation,
             "epoch": epoch,
             "step": step,
@@ -35,9 +36,9 @@ class SampleLog:
         self._f.write(json.dumps(rec) + "\n")
 
 
-def _latest_per_step(directory: Path) -> dict[int, list[dict]]:
+def _latest_per_step(directory: Path) -> dict[int, list[dict[str, Any]]]:
     """Each step's records from the latest incarnation that ran it (a redone step counts once)."""
-    by_step: dict[int, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    by_step: dict[int, dict[float, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for f in sorted(directory.glob("samples-*.jsonl")):
         for line in f.read_text().splitlines():
             if line.strip():

@@ -2,7 +2,8 @@
 
 Hosts the TCPStore that torch elastic's c10d rendezvous uses (outside every worker, so losing any worker,
 rank 0 included, never loses the rendezvous state) and a tiny HTTP server for the progress channel:
-``POST /progress`` stores the JSON body, ``GET /progress`` returns the last one, ``GET /healthz`` is a
+``POST /progress`` merges the JSON body into the stored document (``etj_contract.progress.merge``: resize
+records accumulate, a finished report stays finished), ``GET /progress`` returns it, ``GET /healthz`` is a
 liveness probe.
 """
 
@@ -11,11 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from torch.distributed import TCPStore
+
+from etj_contract.progress import PROGRESS_PATH, ProgressDoc, merge
 
 log = logging.getLogger(__name__)
 
@@ -23,15 +27,15 @@ log = logging.getLogger(__name__)
 class ProgressState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._doc: dict[str, Any] = {}
+        self._doc: ProgressDoc | None = None
 
     def put(self, doc: dict[str, Any]) -> None:
         with self._lock:
-            self._doc = doc
+            self._doc = merge(self._doc, ProgressDoc.from_json(doc))
 
     def get(self) -> dict[str, Any]:
         with self._lock:
-            return dict(self._doc)
+            return {} if self._doc is None else self._doc.to_json()
 
 
 def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTTPServer:
@@ -44,7 +48,7 @@ def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTT
             self.wfile.write(body)
 
         def do_GET(self) -> None:
-            if self.path == "/progress":
+            if self.path == PROGRESS_PATH:
                 self._send(200, json.dumps(state.get()).encode())
             elif self.path == "/healthz":
                 self._send(200, b"ok", "text/plain")
@@ -52,7 +56,7 @@ def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTT
                 self._send(404, b"{}")
 
         def do_POST(self) -> None:
-            if self.path != "/progress":
+            if self.path != PROGRESS_PATH:
                 self._send(404, b"{}")
                 return
             length = int(self.headers.get("Content-Length", "0"))
@@ -74,9 +78,23 @@ def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTT
 
 
 def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401) -> None:
-    """Run the store and the progress server until SIGTERM/SIGINT."""
+    """Run the store and the progress server on ``host`` until SIGTERM/SIGINT.
+
+    The pod binds its own IP (``--host $(POD_IP)``). TCPStore's libuv server listens on every address
+    whatever host it is given, so it gets a socket already bound to ``host`` instead: process-backed pods
+    share one machine's network, and two jobs' stores there must not take each other's port.
+    """
+    listener = socket.create_server((host, port), backlog=1024)  # SO_REUSEADDR: TIME_WAIT is no conflict
+    fd = listener.detach()  # the store owns (and closes) it from here
     # wait_for_workers=False: the store must come up before any agent exists and outlive them all.
-    store = TCPStore(host, port, is_master=True, wait_for_workers=False, use_libuv=True)
+    store = TCPStore(
+        host,
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        use_libuv=True,
+        master_listen_fd=fd,
+    )
     state = ProgressState()
     httpd = make_http_server(host, http_port, state)
     stop = threading.Event()

@@ -35,6 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from etj_contract.progress import ProgressDoc, ResizeRecord
 from etj_trainer import recipe, regroup
 from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore
@@ -238,9 +239,8 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
 
 
 def _build(cfg: TrainConfig, w: World, dataset_size: int, dtype: torch.dtype) -> State:
-    model = build_model(cfg.model, cfg.num_classes).to(
-        device=w.device, dtype=dtype, memory_format=recipe.memory_format(w.device)
-    )
+    model = build_model(cfg.model, cfg.num_classes).to(device=w.device, dtype=dtype)
+    model = model.to(memory_format=recipe.memory_format(w.device))
     if cfg.sync_batchnorm and w.dist_on:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     opt = DynamicSGD(
@@ -504,7 +504,8 @@ def _finish(
         if w.rank == 0:
             payload = _progress(st, w, loop)
             payload.update(finished=True, accuracy=accuracy)
-            loop.reporter.report(payload, force=True)
+            # Synchronous and retried: the operator marks the job Succeeded from this report.
+            loop.reporter.finish(payload)
             result = {"step": st.step, "loss": loop.loss, "accuracy": accuracy, "worldSize": w.size}
             print("ETJ_RESULT " + json.dumps(result), flush=True)
     loop.reporter.close()
@@ -557,18 +558,18 @@ def _save(st: State, w: World, shared: bool) -> None:
 def _progress(st: State, w: World, loop: Loop) -> dict[str, Any]:
     plan = loop.plan
     assert plan is not None
-    return {
-        "epoch": st.sampler.epoch,
-        "step": st.step,
-        "samplesSeen": st.meta["samples_seen"],
-        "samplesPerSecond": round(loop.rate, 2),
-        "loss": loop.loss,
-        "worldSize": w.size,
-        "perWorkerBatch": plan.per_worker_batch,
-        "accumulationSteps": plan.accumulation_steps,
-        "lrMultiplier": st.opt.lr_multiplier,
-        "lr": st.meta.get("lr", st.opt.lr),  # the LR the last step trained with (schedule x multiplier)
-        "lastCheckpoint": st.meta.get("last_checkpoint"),
-        "resizes": st.meta["resizes"],
-        "finished": False,
-    }
+    doc = ProgressDoc(
+        epoch=st.sampler.epoch,
+        step=st.step,
+        samples_seen=st.meta["samples_seen"],
+        samples_per_second=round(loop.rate, 2),
+        loss=loop.loss if math.isfinite(loop.loss) else None,
+        world_size=w.size,
+        per_worker_batch=plan.per_worker_batch,
+        accumulation_steps=plan.accumulation_steps,
+        lr_multiplier=st.opt.lr_multiplier,
+        lr=float(st.meta.get("lr", st.opt.lr)),  # the LR the last step trained with
+        last_checkpoint=st.meta.get("last_checkpoint"),
+        resizes=tuple(r for r in map(ResizeRecord.from_json, st.meta["resizes"]) if r is not None),
+    )
+    return doc.to_json()

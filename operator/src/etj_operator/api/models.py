@@ -6,6 +6,8 @@ and writes status with the models in ``status.py``. Everything in ``pod.py`` and
 re-exported here, so ``from etj_operator.api.models import X`` works for every API type.
 
 Field names are a public API: renaming one breaks stored objects and the operator. Add, do not rename.
+Slightly over our ~400-line module size: the job's spec types stay together here (with the markers that
+emit each one's CEL rule), while the pod-shaped types live in pod.py and the status types in status.py.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ SHORT_NAMES = ["etj"]
 CATEGORIES = ["training"]
 
 MAX_REPLICAS = 1024
-# Worker pod names are "<job>-w-<5 chars>" and the job name is a label value (63 chars max).
+# The job name is a label value and prefixes its pods' and Service's names ("<job>-worker-<slot>",
+# "<job>-rdzv"), all capped at 63 characters: 48 leaves room for the longest suffix ("-worker-1023").
 MAX_JOB_NAME = 48
 
 

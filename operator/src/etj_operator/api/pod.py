@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
+from etj_contract import env as etj_env
 from etj_operator.api._base import (
     ABSOLUTE_PATH_RE,
     DNS_LABEL_RE,
@@ -21,44 +22,10 @@ from etj_operator.api._base import (
 
 DEFAULT_COMMAND = ["etj-train", "worker"]
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
-# Variables the operator sets on every worker (docs/contract.md). Users may not override them; other ETJ_*
-# names (ETJ_DATA, ETJ_MODEL, ETJ_IMAGE_SIZE, ...) are trainer settings users are expected to pass. The recipe
-# (ETJ_LR ... ETJ_VAL_RESIZE) comes from spec.training, so it has one source.
-RESERVED_ENV = (
-    "ETJ_JOB_NAME",
-    "ETJ_NAMESPACE",
-    "ETJ_WORKER_ID",
-    "ETJ_RDZV_ENDPOINT",
-    "ETJ_RDZV_ID",
-    "ETJ_MIN_WORKERS",
-    "ETJ_MAX_WORKERS",
-    "ETJ_NPROC_PER_WORKER",
-    "ETJ_GLOBAL_BATCH_SIZE",
-    "ETJ_MICRO_BATCH_SIZE",
-    "ETJ_RESIZE_POLICY",
-    "ETJ_DSGD_RAMP_STEPS",
-    "ETJ_EPOCHS",
-    "ETJ_SEED",
-    "ETJ_CHECKPOINT_DIR",
-    "ETJ_CHECKPOINT_INTERVAL_STEPS",
-    "ETJ_PROGRESS_URL",
-    "ETJ_LR",
-    "ETJ_MOMENTUM",
-    "ETJ_NESTEROV",
-    "ETJ_WEIGHT_DECAY",
-    "ETJ_NO_WD_NORM_BIAS",
-    "ETJ_LABEL_SMOOTHING",
-    "ETJ_LR_SCHEDULE",
-    "ETJ_WARMUP_EPOCHS",
-    "ETJ_LR_MILESTONES",
-    "ETJ_LR_GAMMA",
-    "ETJ_LR_POWER",
-    "ETJ_LR_FINAL_FRACTION",
-    "ETJ_PRECISION",
-    "ETJ_AUGMENT",
-    "ETJ_MIN_CROP_SCALE",
-    "ETJ_VAL_RESIZE",
-)
+# Variables the operator sets on every worker (etj_contract.env.OPERATOR_SET). Users may not override them;
+# other ETJ_* names (ETJ_DATA, ETJ_MODEL, ETJ_IMAGE_SIZE, ...) are trainer settings users may pass;
+# the recipe (ETJ_LR ... ETJ_VAL_RESIZE) comes from spec.training, so it has one source.
+RESERVED_ENV = etj_env.RESERVED_ENV
 _RESERVED_CEL = "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]"
 
 

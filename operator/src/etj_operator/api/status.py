@@ -139,6 +139,11 @@ class ElasticTrainingJobStatus(StatusModel):
     lr_multiplier: float | None = Field(
         default=None, ge=0, description="Current learning-rate multiplier (changes under DynamicSGD)."
     )
+    lr: float | None = Field(
+        default=None,
+        ge=0,
+        description="Learning rate in force: the schedule's value at the samples seen x lrMultiplier.",
+    )
     progress: Progress | None = Field(default=None, description="Training progress.")
     resize_history: Annotated[list[ResizeEvent], Field(max_length=MAX_RESIZE_HISTORY)] = Field(
         default_factory=list, description=f"The last {MAX_RESIZE_HISTORY} resizes, oldest first."
@@ -186,34 +191,18 @@ def set_condition(
     """
     if isinstance(status, bool):
         status = ConditionStatus.TRUE if status else ConditionStatus.FALSE
-    now = now or datetime.now(UTC)
-    out: list[Condition] = []
-    found = False
-    for cond in conditions:
-        if cond.type != type_:
-            out.append(cond)
-            continue
-        found = True
-        changed = cond.status != status
-        out.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                observed_generation=generation,
-                last_transition_time=now if changed else cond.last_transition_time,
-            )
+    new_status, at = status, now or datetime.now(UTC)
+
+    def upserted(old: Condition | None) -> Condition:
+        return Condition(
+            type=type_,
+            status=new_status,
+            reason=reason,
+            message=message,
+            observed_generation=generation,
+            last_transition_time=old.last_transition_time if old and old.status == new_status else at,
         )
-    if not found:
-        out.append(
-            Condition(
-                type=type_,
-                status=status,
-                reason=reason,
-                message=message,
-                observed_generation=generation,
-                last_transition_time=now,
-            )
-        )
-    return out
+
+    if any(c.type == type_ for c in conditions):
+        return [upserted(c) if c.type == type_ else c for c in conditions]
+    return [*conditions, upserted(None)]

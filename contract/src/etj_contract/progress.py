@@ -1,0 +1,188 @@
+"""The progress document: what the trainer's rank 0 POSTs to ``ETJ_PROGRESS_URL`` and the operator reads.
+
+The channel is trainer → store pod (``POST /progress``) → operator (``GET /progress``, every few seconds).
+POSTs from different ranks can arrive out of order (a leaving rank 0's last report can land after the new
+rank 0's first), and a poll can miss any single document, so nothing the operator must see may live in one
+document only. Two rules make the channel lossless for what matters:
+
+- ``resizes`` is append-only: the store keeps the union of every report's resize records (``merge``), so a
+  stale document cannot take one back;
+- ``finished``/``accuracy`` are sticky: once a finished report is stored, later stale reports cannot unset
+  it, and the trainer POSTs that final report synchronously, retrying until the store acknowledges it
+  (``etj_trainer.progress``).
+
+Wire names are camelCase (JSON); unknown or malformed fields are dropped on parse, never fatal: the channel
+must not break the operator whatever a trainer image sends.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, TypeGuard
+
+PROGRESS_PATH = "/progress"
+MAX_RESIZES = 100  # a trainer's history is bounded: the operator keeps fewer (status.resizeHistory) anyway
+
+
+class TrainerResize(StrEnum):
+    """The reasons a trainer gives its own resize records; the operator's reasons (why) replace them."""
+
+    SCALE_UP = "scale-up"
+    SCALE_DOWN = "scale-down"
+
+
+@dataclass(frozen=True)
+class ResizeRecord:
+    """One change of the trainer's world size, as the trainer saw it.
+
+    ``time`` (RFC 3339, UTC) is when the new world finished its first step; ``pauseSeconds`` is the time
+    without steps around the change; ``stepsLost`` the steps redone after a restore.
+    """
+
+    time: str
+    from_: int
+    to: int
+    reason: str = ""
+    pause_seconds: float | None = None
+    steps_lost: int | None = None
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """Identity of the record: the trainer writes one record per (time, from, to)."""
+        return (self.time, self.from_, self.to)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"time": self.time, "from": self.from_, "to": self.to, "reason": self.reason}
+        if self.pause_seconds is not None:
+            out["pauseSeconds"] = self.pause_seconds
+        if self.steps_lost is not None:
+            out["stepsLost"] = self.steps_lost
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ResizeRecord | None:
+        """The record, or None when ``raw`` is not a well-formed one."""
+        if not isinstance(raw, dict):
+            return None
+        time, frm, to = raw.get("time"), raw.get("from"), raw.get("to")
+        if not isinstance(time, str) or not _count(frm) or not _count(to):
+            return None
+        pause, lost, reason = raw.get("pauseSeconds"), raw.get("stepsLost"), raw.get("reason")
+        return cls(
+            time=time,
+            from_=frm,
+            to=to,
+            reason=reason if isinstance(reason, str) else "",
+            pause_seconds=float(pause) if _nonneg_number(pause) else None,
+            steps_lost=lost if _count(lost) else None,
+        )
+
+
+# Scalar fields: attribute name → wire name. One table, so to_json and from_json cannot drift apart.
+_WIRE = {
+    "epoch": "epoch",
+    "step": "step",
+    "samples_seen": "samplesSeen",
+    "samples_per_second": "samplesPerSecond",
+    "loss": "loss",
+    "world_size": "worldSize",
+    "per_worker_batch": "perWorkerBatch",
+    "accumulation_steps": "accumulationSteps",
+    "lr_multiplier": "lrMultiplier",
+    "lr": "lr",
+    "accuracy": "accuracy",
+}
+_INTS = frozenset({"epoch", "step", "samples_seen", "world_size", "per_worker_batch", "accumulation_steps"})
+
+
+@dataclass(frozen=True)
+class ProgressDoc:
+    """One progress report (docs/contract.md, "Progress channel")."""
+
+    epoch: int | None = None
+    step: int | None = None
+    samples_seen: int | None = None
+    samples_per_second: float | None = None
+    loss: float | None = None
+    world_size: int | None = None
+    per_worker_batch: int | None = None
+    accumulation_steps: int | None = None
+    lr_multiplier: float | None = None
+    lr: float | None = None  # the LR in force: base x schedule factor (samples seen) x lr_multiplier
+    last_checkpoint: dict[str, Any] | None = None  # {step, path, time}
+    resizes: tuple[ResizeRecord, ...] = field(default_factory=tuple)
+    finished: bool = False
+    accuracy: float | None = None  # at the end, on the validation set
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for attr, wire in _WIRE.items():
+            value = getattr(self, attr)
+            if value is not None:
+                out[wire] = value
+        if self.last_checkpoint is not None:
+            out["lastCheckpoint"] = self.last_checkpoint
+        out["resizes"] = [r.to_json() for r in self.resizes]
+        out["finished"] = self.finished
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> ProgressDoc:
+        """Parse leniently: every field that does not parse is left unset."""
+        if not isinstance(raw, dict):
+            return cls()
+        values: dict[str, Any] = {}
+        for attr, wire in _WIRE.items():
+            value = raw.get(wire)
+            if attr in _INTS and _count(value):
+                values[attr] = value
+            elif attr not in _INTS and _finite_number(value):
+                values[attr] = float(value)
+        ckpt = raw.get("lastCheckpoint")
+        if isinstance(ckpt, dict):
+            values["last_checkpoint"] = dict(ckpt)
+        resizes = raw.get("resizes")
+        if isinstance(resizes, list):
+            values["resizes"] = tuple(r for r in map(ResizeRecord.from_json, resizes) if r is not None)
+        values["finished"] = raw.get("finished") is True
+        return cls(**values)
+
+    def with_resize(self, record: ResizeRecord) -> ProgressDoc:
+        return replace(self, resizes=(*self.resizes, record)[-MAX_RESIZES:])
+
+
+def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:
+    """What the store keeps after ``incoming`` arrives on top of ``stored``.
+
+    The newer report wins for the counters, except that a finished report is never replaced by an
+    unfinished one (a late report of a leaving rank cannot un-finish the job), and the resize records are
+    the union of both, in time order, so no report can take one back.
+    """
+    if stored is None:
+        return incoming
+    base = stored if stored.finished and not incoming.finished else incoming
+    seen: dict[tuple[str, int, int], ResizeRecord] = {}
+    for record in (*stored.resizes, *incoming.resizes):
+        # A record seen twice keeps its fuller copy (a pause known to one report only is not dropped).
+        old = seen.get(record.key)
+        if old is None or (old.pause_seconds is None and record.pause_seconds is not None):
+            seen[record.key] = record
+    resizes = tuple(sorted(seen.values(), key=lambda r: r.time))[-MAX_RESIZES:]
+    return replace(base, resizes=resizes)
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _finite_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _nonneg_number(value: object) -> TypeGuard[int | float]:
+    return _finite_number(value) and value >= 0
+
+
+__all__ = ["MAX_RESIZES", "PROGRESS_PATH", "ProgressDoc", "ResizeRecord", "TrainerResize", "merge"]

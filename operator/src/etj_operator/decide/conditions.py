@@ -1,0 +1,155 @@
+"""The job's conditions as a table: one rule per condition type, each naming its reasons from one enum.
+
+Pure: ``build_conditions`` turns one reconcile's facts into the full conditions list. lastTransitionTime
+only moves when a condition's status changes (``set_condition``), so an unchanged job writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from etj_operator.api.models import Condition, ConditionType, Phase, set_condition
+
+
+class ConditionReason(StrEnum):
+    """Every reason a condition rule gives (the Resizing condition also carries the drain's own reason)."""
+
+    MIN_WORKERS_RUNNING = "MinWorkersRunning"
+    JOB_SUCCEEDED = Phase.SUCCEEDED.value  # Ready=False on a finished, failed or suspended job: its phase
+    JOB_FAILED = Phase.FAILED.value
+    JOB_SUSPENDED = Phase.SUSPENDED.value
+    NO_TRAINER_IMAGE = "NoTrainerImage"
+    RENDEZVOUS_NOT_RUNNING = "RendezvousNotRunning"
+    WAITING_FOR_WORKERS = "WaitingForWorkers"
+    WORKERS_TERMINATING = "WorkersTerminating"
+    STABLE = "Stable"
+    SUSPENDED_BY_USER = "SuspendedByUser"
+    NOT_SUSPENDED = "NotSuspended"
+    TRAINING_FINISHED = "TrainingFinished"
+    NOT_FINISHED = "NotFinished"
+    FAILURE_BUDGET_EXHAUSTED = "FailureBudgetExhausted"
+    WITHIN_FAILURE_BUDGET = "WithinFailureBudget"
+    ENOUGH_CAPACITY = "EnoughCapacity"
+    INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+
+
+NO_TRAINER_IMAGE_MESSAGE = (
+    "spec.trainer.image is not set and the operator has no default trainer image: set spec.trainer.image, "
+    "or the chart's trainer.image (etj operator run --default-trainer-image, ETJ_DEFAULT_TRAINER_IMAGE)"
+)
+PARTIAL_USAGE_NOTE = (
+    "counting only GPUs used by pods in the watched namespaces: the operator is namespaced, so GPUs that "
+    "pods of other namespaces use on the same nodes look free"
+)
+_PHASE_REASON = {
+    Phase.SUCCEEDED: ConditionReason.JOB_SUCCEEDED,
+    Phase.FAILED: ConditionReason.JOB_FAILED,
+    Phase.SUSPENDED: ConditionReason.JOB_SUSPENDED,
+}
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the conditions are computed from: this reconcile's phase, counts and drains."""
+
+    phase: Phase
+    running: int  # workers Running and not being drained
+    min_workers: int
+    max_workers: int
+    rendezvous_running: bool
+    has_trainer_image: bool
+    suspended: bool
+    resizing: bool  # workers being drained, or still shutting down
+    drain_reason: str | None  # the first worker drain's reason (None: no worker drained this round)
+    drain_messages: str  # every worker drain's message, "; "-joined
+    failures: int
+    max_failures: int
+    free_slots: int | None  # more workers that would fit now; None: not computed (at least min running)
+    partial_usage: bool  # GPU use of other namespaces is invisible (namespaced operator)
+
+
+Verdict = tuple[bool, str, str]  # status, reason, message
+
+
+def _ready(f: JobFacts) -> Verdict:
+    if f.phase in (Phase.RUNNING, Phase.RESIZING) and f.rendezvous_running:
+        running = f"{f.running} of {f.min_workers}..{f.max_workers} workers running"
+        return True, ConditionReason.MIN_WORKERS_RUNNING, running
+    if f.phase in _PHASE_REASON:
+        return False, _PHASE_REASON[f.phase], f"job is {f.phase}"
+    if not f.has_trainer_image:
+        return False, ConditionReason.NO_TRAINER_IMAGE, NO_TRAINER_IMAGE_MESSAGE
+    if not f.rendezvous_running:
+        return False, ConditionReason.RENDEZVOUS_NOT_RUNNING, "the rendezvous store pod is not running yet"
+    waiting = f"{f.running} of at least {f.min_workers} workers running"
+    return False, ConditionReason.WAITING_FOR_WORKERS, waiting
+
+
+def _resizing(f: JobFacts) -> Verdict:
+    if not f.resizing:
+        return False, ConditionReason.STABLE, ""
+    reason = f.drain_reason or ConditionReason.WORKERS_TERMINATING
+    return True, reason, f.drain_messages or "waiting for drained workers to exit"
+
+
+def _suspended(f: JobFacts) -> Verdict:
+    reason = ConditionReason.SUSPENDED_BY_USER if f.suspended else ConditionReason.NOT_SUSPENDED
+    return f.suspended, reason, ""
+
+
+def _succeeded(f: JobFacts) -> Verdict:
+    done = f.phase == Phase.SUCCEEDED
+    return done, ConditionReason.TRAINING_FINISHED if done else ConditionReason.NOT_FINISHED, ""
+
+
+def _failed(f: JobFacts) -> Verdict:
+    failed = f.phase == Phase.FAILED
+    reason = ConditionReason.FAILURE_BUDGET_EXHAUSTED if failed else ConditionReason.WITHIN_FAILURE_BUDGET
+    return failed, reason, f"{f.failures}/{f.max_failures} worker failures"
+
+
+def _capacity(f: JobFacts) -> Verdict:
+    if f.free_slots is None:
+        return (
+            True,
+            ConditionReason.ENOUGH_CAPACITY,
+            (f"{f.running} workers running, at least replicas.min ({f.min_workers})"),
+        )
+    reachable = f.running + f.free_slots
+    enough = reachable >= f.min_workers
+    message = f"room for {min(reachable, f.max_workers)} of {f.min_workers}..{f.max_workers} workers"
+    if f.partial_usage:
+        message += f" ({PARTIAL_USAGE_NOTE})"
+    return (
+        enough,
+        ConditionReason.ENOUGH_CAPACITY if enough else ConditionReason.INSUFFICIENT_CAPACITY,
+        message,
+    )
+
+
+# The table, in the order the conditions are listed in status.
+RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
+    (ConditionType.READY, _ready),
+    (ConditionType.RESIZING, _resizing),
+    (ConditionType.SUSPENDED, _suspended),
+    (ConditionType.SUCCEEDED, _succeeded),
+    (ConditionType.FAILED, _failed),
+    (ConditionType.CAPACITY_AVAILABLE, _capacity),
+)
+
+
+def build_conditions(
+    prev: Sequence[Condition], facts: JobFacts, *, generation: int, now: datetime
+) -> list[Condition]:
+    conds = list(prev)
+    for type_, rule in RULES:
+        status, reason, message = rule(facts)
+        conds = set_condition(conds, type_, status, str(reason), message, generation=generation, now=now)
+    return conds
+
+
+def ready_reason(conditions: Sequence[Condition]) -> str | None:
+    return next((c.reason for c in conditions if c.type == ConditionType.READY), None)

@@ -1,0 +1,277 @@
+"""Status the planner writes: phase, the full conditions list, counts, resize history and progress.
+
+Pure: built from the previous status and this round's observation. Deterministic for an unchanged
+observation (lastTransitionTime only moves on a transition), so a no-op reconcile writes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+
+from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
+from etj_operator.api.models import (
+    MAX_RESIZE_HISTORY,
+    ElasticTrainingJobSpec,
+    ElasticTrainingJobStatus,
+    LastCheckpoint,
+    Phase,
+    Progress,
+    ResizeEvent,
+)
+from etj_operator.decide.conditions import (
+    NO_TRAINER_IMAGE_MESSAGE,
+    ConditionReason,
+    JobFacts,
+    build_conditions,
+    ready_reason,
+)
+from etj_operator.decide.types import Drain, KubeEvent
+from etj_operator.decide.workload import worker_selector
+from etj_operator.observe.signals import INTERRUPTIONS, Reason
+from etj_operator.timeutil import parse_time
+
+# A trainer-reported resize is the same event as one the operator recorded if the sizes match and
+# the times are this close (the trainer's time is when training resumed, after the rendezvous).
+RESIZE_MATCH_WINDOW = timedelta(seconds=300)
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    job: str
+    generation: int
+    now: datetime
+    prev: ElasticTrainingJobStatus
+    spec: ElasticTrainingJobSpec
+    running: int  # worker pods Running and not being drained
+    desired: int
+    drains: Sequence[Drain]
+    failures: int
+    failed: bool
+    succeeded: bool
+    suspended: bool
+    terminating: bool  # worker pods still shutting down
+    rendezvous_running: bool
+    free_slots: int | None  # more workers that would fit on eligible nodes now; None: not computed (≥ min)
+    progress: Mapping[str, Any] | None = None
+    progress_time: datetime | None = None
+    trainer_image: str | None = None  # what the pods run; None: no image anywhere, nothing can start
+    usage_namespaces: tuple[str, ...] = ()  # namespaces whose pods' GPU use free_slots subtracts; (): all
+
+
+def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
+    worker_drains = [d for d in inp.drains if d.role == "worker"]
+    if inp.running > prev_running:
+        return Reason.CAPACITY_ADDED
+    for preferred in (INTERRUPTIONS, {Reason.WORKER_FAILED}, set(Reason)):
+        for drain in worker_drains:
+            if drain.reason in preferred:
+                return drain.reason
+    return (
+        Reason.WORKER_LOST
+    )  # a worker stopped without anything we saw telling us why (e.g. deleted by hand)
+
+
+def _phase(inp: StatusInputs, resizing: bool) -> Phase:
+    if inp.failed:
+        return Phase.FAILED
+    if inp.succeeded:
+        return Phase.SUCCEEDED
+    if inp.suspended:
+        return Phase.SUSPENDED
+    if inp.running < inp.spec.replicas.min:
+        return Phase.PENDING
+    return Phase.RESIZING if resizing else Phase.RUNNING
+
+
+def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: datetime | None) -> None:
+    """Copy the trainer's progress document (etj_contract.progress) into status; drop what does not parse."""
+    doc = ProgressDoc.from_json(dict(data))
+    fields = {
+        "epoch": doc.epoch,
+        "step": doc.step,
+        "samplesSeen": doc.samples_seen,
+        "samplesPerSecond": doc.samples_per_second,
+        "loss": doc.loss,
+        "accuracy": doc.accuracy,
+    }
+    try:
+        progress = Progress.model_validate({k: v for k, v in fields.items() if v is not None})
+        progress.last_update_time = at
+        st.progress = progress
+    except ValidationError:
+        pass
+    for value, attr in (
+        (doc.world_size, "world_size"),
+        (doc.per_worker_batch, "per_worker_batch"),
+        (doc.accumulation_steps, "accumulation_steps"),
+        (doc.lr_multiplier, "lr_multiplier"),
+        (doc.lr, "lr"),
+    ):
+        if value is not None and value >= 0:
+            setattr(st, attr, value)
+    if doc.last_checkpoint is not None:
+        with contextlib.suppress(ValidationError):
+            st.last_checkpoint = LastCheckpoint.model_validate(doc.last_checkpoint)
+    st.resize_history = merge_resizes(st.resize_history, doc.resizes)
+
+
+# Reasons the trainer puts in its own resize records; the operator's reasons say *why*.
+TRAINER_REASONS = frozenset(str(r) for r in TrainerResize)
+
+
+def _latest_same_resize(
+    history: Sequence[ResizeEvent], event: ResizeEvent, unmatched: Callable[[ResizeEvent], bool]
+) -> ResizeEvent | None:
+    """The newest entry for the same change (sizes, within the window) that ``unmatched`` says is still
+    waiting for the other side's record of it."""
+    return next(
+        (
+            e
+            for e in reversed(history)
+            if unmatched(e)
+            and (e.from_, e.to) == (event.from_, event.to)
+            and abs(e.time - event.time) <= RESIZE_MATCH_WINDOW
+        ),
+        None,
+    )
+
+
+def record_resize(history: Sequence[ResizeEvent], event: ResizeEvent) -> list[ResizeEvent]:
+    """Add the operator's record of a running-count change.
+
+    If the trainer already reported this resize -- an in-place leave re-forms the world before the pod
+    is gone, so its report can arrive first -- give that entry the operator's reason instead of adding a
+    second entry for the same resize.
+    """
+    out = [e.model_copy() for e in history]
+    match = _latest_same_resize(out, event, lambda e: e.reason in TRAINER_REASONS)
+    if match is None:
+        return [*out, event][-MAX_RESIZE_HISTORY:]
+    match.reason = event.reason
+    return out
+
+
+def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[ResizeRecord]) -> list[ResizeEvent]:
+    """Merge the trainer's resize records into the operator's: enrich a matching entry, else append.
+
+    Idempotent: an entry already enriched (same time and sizes) is left alone on the next poll.
+    """
+    out = [e.model_copy() for e in history]
+    for record in reported:
+        try:
+            rep = ResizeEvent.model_validate({**record.to_json(), "time": parse_time(record.time)})
+        except ValidationError:
+            continue
+        if any(e.time == rep.time and e.from_ == rep.from_ and e.to == rep.to for e in out):
+            continue
+        match = _latest_same_resize(out, rep, lambda e: e.pause_seconds is None)
+        if match is not None:
+            match.time = rep.time
+            match.pause_seconds = rep.pause_seconds
+            match.steps_lost = rep.steps_lost
+            match.reason = match.reason or rep.reason
+        else:
+            out.append(rep)
+    out.sort(key=lambda e: e.time)
+    return out[-MAX_RESIZE_HISTORY:]
+
+
+def _facts(inp: StatusInputs, phase: Phase, resizing: bool, worker_drains: Sequence[Drain]) -> JobFacts:
+    """What the condition rules look at, from this round's inputs."""
+    spec = inp.spec
+    return JobFacts(
+        phase=phase,
+        running=inp.running,
+        min_workers=spec.replicas.min,
+        max_workers=spec.replicas.max,
+        rendezvous_running=inp.rendezvous_running,
+        has_trainer_image=inp.trainer_image is not None,
+        suspended=inp.suspended,
+        resizing=resizing,
+        drain_reason=str(worker_drains[0].reason) if worker_drains else None,
+        drain_messages="; ".join(d.message for d in worker_drains),
+        failures=inp.failures,
+        max_failures=spec.failure_policy.max_failures,
+        free_slots=inp.free_slots,
+        partial_usage=bool(inp.usage_namespaces),
+    )
+
+
+def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[KubeEvent]]:
+    spec, now, gen = inp.spec, inp.now, inp.generation
+    st = inp.prev.model_copy(deep=True)
+    events: list[KubeEvent] = []
+    st.observed_generation = gen
+    st.desired_replicas = inp.desired
+    st.current_replicas = inp.running
+    st.workers = f"{inp.running}/{inp.desired}"
+    st.selector = worker_selector(inp.job)
+    st.failures = inp.failures
+
+    prev_running = inp.prev.current_replicas or 0
+    worker_drains = [d for d in inp.drains if d.role == "worker"]
+    if inp.running != prev_running:
+        reason = _resize_reason(inp, prev_running)
+        st.resize_history = record_resize(
+            st.resize_history,
+            ResizeEvent.model_validate(
+                {"time": now, "from": prev_running, "to": inp.running, "reason": str(reason)}
+            ),
+        )
+        detail = "; ".join(d.message for d in worker_drains)
+        events.append(
+            KubeEvent(
+                "Normal",
+                str(reason),
+                f"workers {prev_running} -> {inp.running}" + (f": {detail}" if detail else ""),
+            )
+        )
+    elif worker_drains:
+        # Pending workers drained (no running count change) still deserve a trace.
+        events.append(
+            KubeEvent("Normal", str(worker_drains[0].reason), "; ".join(d.message for d in worker_drains))
+        )
+    for drain in worker_drains:
+        if drain.reason == Reason.WORKER_FAILED:
+            events.append(
+                KubeEvent(
+                    "Warning",
+                    str(Reason.WORKER_FAILED),
+                    f"{drain.message}; {inp.failures}/{spec.failure_policy.max_failures} failures",
+                )
+            )
+
+    if inp.progress:
+        _apply_progress(st, inp.progress, inp.progress_time)
+    if inp.trainer_image is not None:
+        st.trainer_image = inp.trainer_image
+
+    resizing = bool(worker_drains) or inp.terminating
+    phase = _phase(inp, resizing)
+    if phase != inp.prev.phase and phase == Phase.FAILED:
+        events.append(
+            KubeEvent(
+                "Warning",
+                str(Reason.FAILED),
+                f"{inp.failures} worker failures exceed failurePolicy.maxFailures",
+            )
+        )
+    st.phase = phase
+    if st.start_time is None and inp.running > 0:
+        st.start_time = now
+    if phase in (Phase.SUCCEEDED, Phase.FAILED) and st.completion_time is None:
+        st.completion_time = now
+
+    facts = _facts(inp, phase, resizing, worker_drains)
+    conds = build_conditions(st.conditions, facts, generation=gen, now=now)
+    no_image = ConditionReason.NO_TRAINER_IMAGE
+    if ready_reason(conds) == no_image and ready_reason(inp.prev.conditions) != no_image:
+        events.append(KubeEvent("Warning", no_image, NO_TRAINER_IMAGE_MESSAGE))
+    st.conditions = conds
+    return st, events

@@ -1,0 +1,160 @@
+"""The thin I/O layer: the few Kubernetes calls a plan needs, with retries and request counting.
+
+Uses the official (synchronous) client in worker threads; every call is idempotent from the caller's
+point of view (create tolerates AlreadyExists, delete tolerates NotFound), which is what makes a
+restarted or repeated reconcile safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import aiohttp
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from etj_contract.ports import PROGRESS_PORT
+from etj_operator.api.models import GROUP, PLURAL, VERSION
+from etj_operator.k8s.metrics import METRICS, Metrics
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Transient API answers worth retrying: conflicts, throttling, server errors.
+RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
+
+
+def _drained(response: Any) -> bool:
+    """Read a raw response to the end so urllib3 returns the connection to the pool."""
+    _ = response.data
+    return True
+
+
+class KubeClient:
+    """Pod and Service calls pass ``_preload_content=False``: the client would otherwise turn every
+    response into model objects, milliseconds of CPU per call that nobody reads, on the drain path."""
+
+    def __init__(self, api_client: client.ApiClient, metrics: Metrics = METRICS, attempts: int = 5) -> None:
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.metrics = metrics
+        self.attempts = attempts
+        self._http: aiohttp.ClientSession | None = None
+
+    async def _call(
+        self, verb: str, resource: str, fn: Callable[[], T], *, ok: frozenset[int] = frozenset()
+    ) -> T | None:
+        """Run ``fn`` in a thread; return None for an expected status in ``ok``; retry transient errors."""
+        delay = 0.1
+        for attempt in range(self.attempts):
+            self.metrics.api_requests.labels(verb, resource).inc()
+            try:
+                return await asyncio.to_thread(fn)
+            except ApiException as exc:
+                if exc.status in ok:
+                    return None
+                if exc.status not in RETRYABLE or attempt == self.attempts - 1:
+                    raise
+                log.debug("%s %s: %s, retrying", verb, resource, exc.status)
+            await asyncio.sleep(delay * (1 + random.random()))
+            delay = min(delay * 2, 2.0)
+        return None  # pragma: no cover  (the loop either returns or raises)
+
+    async def create_pod(self, body: dict[str, Any]) -> bool:
+        """Create a pod; False when a pod of that name already exists (deterministic names)."""
+        ns = body["metadata"]["namespace"]
+        done = await self._call(
+            "create",
+            "pods",
+            lambda: _drained(self.core.create_namespaced_pod(ns, cast(Any, body), _preload_content=False)),
+            ok=frozenset({409}),
+        )
+        return done is not None
+
+    async def delete_pod(self, namespace: str, name: str, *, uid: str | None, grace: int | None) -> bool:
+        """Graceful delete (SIGTERM, then SIGKILL after ``grace``); False if it was already gone.
+
+        The uid precondition makes sure a retried or late drain never hits a newer pod that reuses
+        the name; a precondition failure (409) means the pod we meant is gone already.
+        """
+        opts = client.V1DeleteOptions(
+            grace_period_seconds=grace,
+            preconditions=client.V1Preconditions(uid=uid) if uid else None,
+        )
+
+        def call() -> Any:
+            return _drained(
+                self.core.delete_namespaced_pod(name, namespace, body=opts, _preload_content=False)
+            )
+
+        self.metrics.api_requests.labels("delete", "pods").inc()
+        try:
+            await asyncio.to_thread(call)
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            if exc.status in RETRYABLE:
+                done = await self._call("delete", "pods", call, ok=frozenset({404, 409}))
+                return done is not None
+            raise
+
+    async def ensure_service(self, body: dict[str, Any]) -> None:
+        ns = body["metadata"]["namespace"]
+        await self._call(
+            "create",
+            "services",
+            lambda: _drained(
+                self.core.create_namespaced_service(ns, cast(Any, body), _preload_content=False)
+            ),
+            ok=frozenset({409}),
+        )
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the status subresource (lists replaced whole: callers send full lists)."""
+        body = {"status": status}
+        result = await self._call(
+            "patch",
+            "elastictrainingjobs/status",
+            lambda: self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, body
+            ),
+            ok=frozenset({404}),
+        )
+        return result if isinstance(result, dict) else None
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        # Background propagation: the garbage collector removes the pods and the service.
+        await self._call(
+            "delete",
+            PLURAL,
+            lambda: self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Background"
+            ),
+            ok=frozenset({404}),
+        )
+
+    async def fetch_progress(
+        self, ip: str, port: int = PROGRESS_PORT, timeout: float = 2.0
+    ) -> dict[str, Any] | None:
+        """GET http://<store pod IP>:29401/progress (docs/contract.md); None when unreachable."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
+        try:
+            async with self._http.get(f"http://{ip}:{port}/progress") as resp:
+                if resp.status != 200:
+                    return None
+                data = json.loads(await resp.text())
+                return data if isinstance(data, dict) else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, OSError):
+            return None
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None

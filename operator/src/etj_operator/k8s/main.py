@@ -1,0 +1,155 @@
+"""``etj operator run``: parse flags, start kopf standalone with the operator's handlers.
+
+One replica only: kopf has no leader election (peering merely pauses lower-priority operators), so
+the chart runs a single pod with the Recreate strategy. That is safe because every reconcile is
+level-based and idempotent: a replacement pod rebuilds its indices from a fresh listing, finds the
+workers by label and deterministic name, and converges without creating duplicates. See docs/operator.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import kopf
+
+from etj_operator.api.models import CapacityType
+from etj_operator.decide.workload import DEFAULT_WORKER_GRACE_SECONDS
+from etj_operator.k8s import handlers
+from etj_operator.k8s.metrics import serve
+from etj_operator.k8s.reconciler import Settings
+from etj_operator.observe.nodes import CapacityRules
+
+log = logging.getLogger(__name__)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="etj operator run", description="Run the ElasticTrainingJob operator.")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default)")
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then $KUBECONFIG)")
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port; 0 disables")
+    p.add_argument("--liveness-port", type=int, default=8080, help="kopf /healthz port; 0 disables")
+    p.add_argument("--resync-seconds", type=float, default=30.0, help="per-job reconcile timer")
+    p.add_argument(
+        "--progress-seconds", type=float, default=10.0, help="poll the store's /progress; 0 disables"
+    )
+    p.add_argument(
+        "--worker-grace-seconds",
+        type=int,
+        default=DEFAULT_WORKER_GRACE_SECONDS,
+        help="terminationGracePeriodSeconds of worker pods (time for the just-in-time checkpoint)",
+    )
+    p.add_argument(
+        "--default-trainer-image",
+        default=os.environ.get("ETJ_DEFAULT_TRAINER_IMAGE") or None,
+        metavar="IMAGE",
+        help="image of jobs without spec.trainer.image (default: $ETJ_DEFAULT_TRAINER_IMAGE, which the "
+        "chart sets from trainer.image); without one such jobs wait with Ready=False/NoTrainerImage",
+    )
+    p.add_argument(
+        "--default-capacity-type",
+        choices=[c.value for c in CapacityType],
+        default="on-demand",
+        help="capacity type of nodes no known label describes",
+    )
+    p.add_argument(
+        "--spot-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra node label marking spot capacity (repeatable)",
+    )
+    p.add_argument(
+        "--on-demand-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra node label marking on-demand capacity (repeatable)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def _rules(args: argparse.Namespace) -> CapacityRules:
+    extra: list[tuple[str, str, CapacityType]] = []
+    for raw, ctype in [(x, CapacityType.SPOT) for x in args.spot_label] + [
+        (x, CapacityType.ON_DEMAND) for x in args.on_demand_label
+    ]:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--spot-label/--on-demand-label want KEY=VALUE, got {raw!r}")
+        extra.append((key, value, ctype))
+    return CapacityRules(extra=tuple(extra), default=CapacityType(args.default_capacity_type))
+
+
+def build_state(args: argparse.Namespace) -> handlers.State:
+    settings = Settings(
+        resync_seconds=args.resync_seconds,
+        progress_seconds=args.progress_seconds,
+        worker_grace_seconds=args.worker_grace_seconds,
+        default_trainer_image=args.default_trainer_image or None,
+        namespaces=tuple(args.namespace),
+    )
+    return handlers.State(settings, _rules(args))
+
+
+async def operator(
+    args: argparse.Namespace,
+    *,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+) -> None:
+    """The operator as a coroutine (also used by tests running it in a thread)."""
+    if args.namespace:
+        log.warning(
+            "watching namespaces %s only: GPUs that pods of other namespaces use on shared nodes are "
+            "not seen, so free-capacity estimates (scale-up timing, the CapacityAvailable condition) can "
+            "be high; the scheduler still places every pod correctly (docs/operator.md, 'Namespaced mode')",
+            ", ".join(args.namespace),
+        )
+    # Drains and creates run in threads (sync client); many at once when a pool loses nodes.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=64, thread_name_prefix="etj")
+    )
+    await kopf.operator(
+        registry=handlers.KOPF_REGISTRY,
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None,
+        memo=kopf.Memo(etj=build_state(args)),
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+    )
+
+
+def run_operator(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig  # read by kopf's login and by our client
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        logging.getLogger("kopf").setLevel(logging.WARNING)
+    kopf.configure(verbose=args.verbose)
+    serve(args.metrics_port)
+    try:
+        asyncio.run(operator(args))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_operator(sys.argv[1:]))

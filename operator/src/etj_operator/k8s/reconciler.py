@@ -1,0 +1,341 @@
+"""Per-job reconcile loop: gather state from the indices, call the planner, apply the plan.
+
+One asyncio task per job serializes that job's reconciles (no two plans for one job run at once) and
+is woken ("kicked") by node, pod and job events; its wait timeout is the job's resync timer. The
+indices can lag behind our own writes, so the loop keeps short-lived expectations of the pods it just
+created or deleted, the way controller-runtime does, and never plans from a view missing its own pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Protocol, cast
+
+import kopf
+from pydantic import ValidationError
+
+from etj_contract.ports import PROGRESS_PORT
+from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobStatus
+from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
+from etj_operator.decide import workload
+from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
+from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.metrics import METRICS
+from etj_operator.observe.nodes import NodeInfo
+from etj_operator.observe.pods import PodInfo
+from etj_operator.timeutil import utcnow
+
+log = logging.getLogger(__name__)
+
+EXPECTATION_TTL = 30.0  # seconds an unobserved create/delete of ours is trusted over the index
+SERVICE_RECHECK = 300.0
+
+
+@dataclass
+class Settings:
+    resync_seconds: float = 30.0
+    progress_seconds: float = 10.0  # 0 disables polling the store's /progress
+    progress_port: int = PROGRESS_PORT  # where store pods serve it (docs/contract.md)
+    worker_grace_seconds: int = workload.DEFAULT_WORKER_GRACE_SECONDS
+    default_trainer_image: str | None = None  # for jobs without spec.trainer.image
+    # Namespaces watched (empty: all). Namespaced, the GPU-usage index sees only these namespaces' pods.
+    namespaces: tuple[str, ...] = ()
+
+
+class World(Protocol):
+    """Read access to the operator's indices (see handlers.py)."""
+
+    def nodes(self) -> Mapping[str, NodeInfo]: ...
+    def node_usage(self) -> Mapping[str, Mapping[str, int]]: ...
+    def deleted_nodes(self) -> Mapping[str, datetime]: ...
+    def job_pods(self, namespace: str, job: str) -> list[PodInfo]: ...
+
+
+class JobRunner:
+    def __init__(self, namespace: str, name: str, world: World, kube: KubeClient, settings: Settings) -> None:
+        self.namespace, self.name = namespace, name
+        self.world, self.kube, self.settings = world, kube, settings
+        self.body: Mapping[str, Any] | None = None
+        self.kick = asyncio.Event()
+        self.status: ElasticTrainingJobStatus | None = None  # last status we wrote (the index may lag)
+        self.expect_create: dict[str, tuple[PodInfo, float]] = {}
+        self.expect_delete: dict[str, tuple[str, float]] = {}  # name → (uid, deadline)
+        self.progress: dict[str, Any] | None = None
+        self.progress_time: datetime | None = None
+        self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
+        self.task: asyncio.Task[None] | None = None
+        self.progress_task: asyncio.Task[None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        # Tasks copy the current context, so kopf's event posting works from inside them.
+        self.task = asyncio.create_task(self._loop(), name=f"etj:{self.namespace}/{self.name}")
+        if self.settings.progress_seconds > 0:
+            self.progress_task = asyncio.create_task(self._poll_progress(), name=f"etj-progress:{self.name}")
+
+    async def stop(self) -> None:
+        for task in (self.task, self.progress_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _loop(self) -> None:
+        backoff = 1.0
+        while True:
+            timeout = self.settings.resync_seconds
+            try:
+                started = time.perf_counter()
+                result = await self.reconcile()
+                METRICS.reconcile_seconds.observe(time.perf_counter() - started)
+                backoff = 1.0
+                if result is not None and result.requeue_after is not None:
+                    timeout = min(timeout, result.requeue_after)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                METRICS.reconcile_errors.labels(self.namespace, self.name).inc()
+                log.exception(
+                    "reconcile of %s/%s failed; retrying in %.0fs", self.namespace, self.name, backoff
+                )
+                self.status = None  # re-read status from the job next time
+                timeout, backoff = backoff, min(backoff * 2, 30.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.kick.wait(), timeout)
+            self.kick.clear()
+
+    # --- gather ----------------------------------------------------------------------------------
+    def _pods(self) -> list[PodInfo]:
+        now = time.monotonic()
+        seen = {p.name: p for p in self.world.job_pods(self.namespace, self.name)}
+        for name, (_, deadline) in list(self.expect_create.items()):
+            if name in seen or deadline < now:
+                del self.expect_create[name]
+        for name, (uid, deadline) in list(self.expect_delete.items()):
+            pod = seen.get(name)
+            if pod is None or pod.uid != uid or pod.terminating or deadline < now:
+                del self.expect_delete[name]
+        pods = [replace(p, terminating=True) if p.name in self.expect_delete else p for p in seen.values()]
+        pods += [info for info, _ in self.expect_create.values()]
+        return pods
+
+    def _owned(self, uid: str) -> list[PodInfo]:
+        # Pods of an earlier job with the same name (not yet garbage-collected) are not ours.
+        return [p for p in self._pods() if not p.owner_uid or p.owner_uid == uid]
+
+    def _job(self) -> JobView | None:
+        body = self.body
+        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            return None  # being deleted: the garbage collector removes pods and service
+        meta = body["metadata"]
+        try:
+            spec = ElasticTrainingJobSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            # The apiserver validates the same rules; this only happens with a CRD older than the operator.
+            log.error("job %s/%s has an invalid spec: %s", self.namespace, self.name, exc)
+            return None
+        status = self.status
+        if status is None:
+            status = ElasticTrainingJobStatus.model_validate(body.get("status") or {})
+        return JobView(
+            self.name,
+            self.namespace,
+            meta.get("uid", ""),
+            int(meta.get("generation") or 0),
+            spec,
+            status,
+            default_image=self.settings.default_trainer_image,
+        )
+
+    async def reconcile(self) -> Plan | None:
+        job = self._job()
+        if job is None:
+            return None
+        pods = self._owned(job.uid)
+        if self._awaiting_final_report(pods):
+            # Workers exited 0: their final report is in the store now. Read it before the planner may
+            # stop the store, instead of waiting for the next poll (which the store's end would outrun).
+            await self._refresh_progress()
+        obs = Observed(
+            nodes=self.world.nodes(),
+            pods=pods,
+            now=utcnow(),
+            node_usage=self.world.node_usage(),
+            usage_namespaces=self.settings.namespaces,
+            deleted_nodes=self.world.deleted_nodes(),
+            progress=self.progress,
+            progress_time=self.progress_time,
+            final_report_grace=FINAL_REPORT_GRACE if self.settings.progress_seconds > 0 else timedelta(0),
+        )
+        result = plan(job, obs)
+        await self.apply(job, result, {p.name: p for p in pods})
+        return result
+
+    # --- apply -----------------------------------------------------------------------------------
+    async def apply(self, job: JobView, result: Plan, pods: Mapping[str, PodInfo]) -> None:
+        # Drains first: they are the latency-critical part (the node is going away).
+        await asyncio.gather(
+            *(self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason)) for d in result.drains)
+        )
+        creates: list[Any] = []
+        # Services are not indexed (nothing else needs them): re-assert existence every few minutes, so a
+        # deleted Service comes back without costing a request per reconcile.
+        if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
+            creates.append(self._service(job))
+        if result.create_rendezvous:
+            creates.append(
+                self._create(
+                    workload.rendezvous_pod(
+                        job.spec,
+                        job=job.name,
+                        namespace=job.namespace,
+                        uid=job.uid,
+                        image=result.trainer_image,
+                    ),
+                    ROLE_RENDEZVOUS,
+                    None,
+                )
+            )
+        for slot in result.create_workers:
+            body = workload.worker_pod(
+                job.spec,
+                job=job.name,
+                namespace=job.namespace,
+                uid=job.uid,
+                slot=slot,
+                grace_seconds=self.settings.worker_grace_seconds,
+                image=result.trainer_image,
+            )
+            creates.append(self._create(body, ROLE_WORKER, slot))
+        await asyncio.gather(*creates)
+        await self._write_status(job, result)
+        if result.delete_job:
+            await self.kube.delete_job(job.namespace, job.name)
+
+    async def _drain(
+        self, job: JobView, name: str, pod: PodInfo | None, since: datetime | None, reason: str
+    ) -> None:
+        uid = pod.uid if pod is not None else None
+        grace = None  # the pod's own terminationGracePeriodSeconds: time for the JIT checkpoint
+        if pod is not None and pod.phase in ("Failed", "Succeeded", "Pending") and pod.node is None:
+            grace = 0  # nothing runs: no reason to wait
+        await self.kube.delete_pod(job.namespace, name, uid=uid or None, grace=grace)
+        self.expect_delete[name] = (uid or "", time.monotonic() + EXPECTATION_TTL)
+        self.expect_create.pop(name, None)
+        METRICS.drains.labels(reason).inc()
+        if since is not None:
+            METRICS.interruption_to_drain.observe(max(0.0, (utcnow() - since).total_seconds()))
+        log.info("drained %s/%s: %s", job.namespace, name, reason)
+
+    async def _create(self, body: dict[str, Any], role: str, slot: int | None) -> None:
+        name = body["metadata"]["name"]
+        await self.kube.create_pod(body)  # AlreadyExists is fine: the name is deterministic
+        info = PodInfo(name=name, job=self.name, role=role, slot=slot, phase="Pending")
+        self.expect_create[name] = (info, time.monotonic() + EXPECTATION_TTL)
+
+    async def _service(self, job: JobView) -> None:
+        await self.kube.ensure_service(
+            workload.rendezvous_service(job=job.name, namespace=job.namespace, uid=job.uid)
+        )
+        self.service_checked = time.monotonic()
+
+    async def _write_status(self, job: JobView, result: Plan) -> None:
+        new = result.status.to_patch()
+        if new == job.status.to_patch():
+            return
+        response = await self.kube.patch_status(job.namespace, job.name, new)
+        if response is None:
+            self.status = None
+            return
+        self.status = ElasticTrainingJobStatus.model_validate(response.get("status") or {})
+        spec_max, current = result.status.desired_replicas or 0, result.status.current_replicas or 0
+        METRICS.desired_workers.labels(job.namespace, job.name).set(spec_max)
+        METRICS.current_workers.labels(job.namespace, job.name).set(current)
+        if current != (job.status.current_replicas or 0) and result.status.resize_history:
+            METRICS.resizes.labels(job.namespace, job.name, result.status.resize_history[-1].reason).inc()
+        for event in result.events:
+            kopf.event(
+                cast(kopf.Body, self.body), type=event.type, reason=event.reason, message=event.message[:1000]
+            )
+
+    # --- progress --------------------------------------------------------------------------------
+    async def _poll_progress(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.progress_seconds)
+            if await self._refresh_progress():
+                self.kick.set()
+
+    async def _refresh_progress(self) -> bool:
+        """Read the store's progress document; whether it changed."""
+        store = next(
+            (
+                p
+                for p in self.world.job_pods(self.namespace, self.name)
+                if p.role == ROLE_RENDEZVOUS and p.running and p.ip
+            ),
+            None,
+        )
+        if store is None or store.ip is None:
+            return False
+        data = await self.kube.fetch_progress(store.ip, self.settings.progress_port)
+        if data is None or data == self.progress:
+            return False
+        self.progress, self.progress_time = data, utcnow()
+        return True
+
+    def _awaiting_final_report(self, pods: list[PodInfo]) -> bool:
+        return (
+            self.settings.progress_seconds > 0
+            and not (self.progress or {}).get("finished")
+            and any(p.role == ROLE_WORKER and p.phase == "Succeeded" and not p.terminating for p in pods)
+        )
+
+
+class JobRunners:
+    """The job runners, keyed by (namespace, name)."""
+
+    def __init__(self, world: World, kube: KubeClient, settings: Settings) -> None:
+        self.world, self.kube, self.settings = world, kube, settings
+        self.runners: dict[tuple[str, str], JobRunner] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def upsert(self, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        runner = self.runners.get(key)
+        if runner is None or (runner.body or {}).get("metadata", {}).get("uid") != meta.get("uid"):
+            if runner is not None:
+                # A new job with the same name: start fresh (keep a reference so the task is not GC'd).
+                task = asyncio.create_task(runner.stop())
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+            runner = JobRunner(key[0], key[1], self.world, self.kube, self.settings)
+            self.runners[key] = runner
+            runner.body = body
+            runner.start()
+        runner.body = body
+        runner.kick.set()
+
+    async def remove(self, namespace: str, name: str) -> None:
+        runner = self.runners.pop((namespace, name), None)
+        if runner is not None:
+            await runner.stop()
+            METRICS.forget_job(namespace, name)
+
+    def kick(self, namespace: str, name: str) -> None:
+        runner = self.runners.get((namespace, name))
+        if runner is not None:
+            runner.kick.set()
+
+    def __iter__(self) -> Iterator[JobRunner]:
+        return iter(list(self.runners.values()))
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(r.stop() for r in list(self.runners.values())))
+        self.runners.clear()

@@ -1,0 +1,96 @@
+"""What the operator needs to know about a pod, parsed once when the pod index sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from etj_operator.constants import LABEL_JOB, LABEL_ROLE, LABEL_SLOT
+from etj_operator.observe.signals import Signal, pod_signal
+from etj_operator.quantity import parse_count
+from etj_operator.timeutil import parse_time
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    name: str
+    job: str = ""
+    role: str = ""
+    slot: int | None = None
+    uid: str = ""
+    phase: str = "Pending"
+    node: str | None = None
+    terminating: bool = False
+    ip: str | None = None
+    signal: Signal | None = None
+    exit_code: int | None = None
+    created: datetime | None = None
+    scheduled_at: datetime | None = None
+    finished_at: datetime | None = None  # when the (last) container terminated
+    requests: Mapping[str, int] = field(default_factory=dict)
+    owner_uid: str = ""  # uid of the controlling ElasticTrainingJob
+
+    @property
+    def active(self) -> bool:
+        """Counts toward the job's workers: not terminating and not finished."""
+        return not self.terminating and self.phase not in TERMINAL_PHASES
+
+    @property
+    def running(self) -> bool:
+        return self.active and self.phase == "Running"
+
+
+def countable_requests(spec: Mapping[str, Any]) -> dict[str, int]:
+    """Sum of whole-unit extended resources (GPUs) requested by a pod's containers."""
+    out: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        wanted = resources.get("requests") or resources.get("limits") or {}
+        for key, raw in wanted.items():
+            if "/" in key:
+                count = parse_count(raw)
+                if count:
+                    out[key] = out.get(key, 0) + count
+    return out
+
+
+def pod_info(body: Mapping[str, Any]) -> PodInfo:
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    labels = meta.get("labels") or {}
+    slot_raw = labels.get(LABEL_SLOT)
+    exit_code, finished_at = None, None
+    for cs in status.get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated")
+        if terminated is not None:
+            exit_code = terminated.get("exitCode")
+            finished_at = parse_time(terminated.get("finishedAt")) or finished_at
+    scheduled_at = None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
+            scheduled_at = parse_time(cond.get("lastTransitionTime"))
+    return PodInfo(
+        name=meta.get("name", ""),
+        job=labels.get(LABEL_JOB, ""),
+        role=labels.get(LABEL_ROLE, ""),
+        slot=int(slot_raw) if slot_raw and slot_raw.isdigit() else None,
+        uid=meta.get("uid", ""),
+        phase=status.get("phase") or "Pending",
+        node=spec.get("nodeName") or None,
+        terminating=bool(meta.get("deletionTimestamp")),
+        ip=status.get("podIP") or None,
+        signal=pod_signal(body),
+        exit_code=exit_code,
+        created=parse_time(meta.get("creationTimestamp")),
+        scheduled_at=scheduled_at,
+        finished_at=finished_at,
+        requests=countable_requests(spec),
+        owner_uid=next(
+            (o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("controller")), ""
+        ),
+    )

@@ -1,0 +1,108 @@
+"""Interruption signals: what tells the operator that a worker is about to lose its node.
+
+Pure functions of Node and Pod bodies. A signal means "drain the workers there now, while the notice
+period still leaves time for the trainer's just-in-time checkpoint" — never "fail the job".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from etj_operator.timeutil import parse_time
+
+
+class Reason(StrEnum):
+    """Why a worker was drained or a resize happened (Event reasons, status reasons, metric labels)."""
+
+    SPOT_INTERRUPTION = "SpotInterruption"
+    REBALANCE_RECOMMENDATION = "RebalanceRecommendation"
+    SCHEDULED_MAINTENANCE = "ScheduledMaintenance"
+    ASG_TERMINATION = "ASGLifecycleTermination"
+    NODE_DISRUPTED = "NodeDisrupted"  # Karpenter consolidation/drift/expiry
+    NODE_TERMINATING = "NodeTerminating"  # GKE impending termination
+    NODE_CORDONED = "NodeCordoned"
+    NODE_NOT_READY = "NodeNotReady"
+    NODE_DELETED = "NodeDeleted"
+    POD_DISRUPTED = "PodDisrupted"  # DisruptionTarget condition set by kubelet/taint manager/preemption
+    WORKER_FAILED = "WorkerFailed"
+    CAPACITY_ADDED = "CapacityAdded"
+    WORKER_LOST = "WorkerLost"  # a worker stopped and nothing we saw said why (e.g. deleted by hand)
+    SCALED_BY_USER = "ScaledByUser"
+    EXCESS_WORKER = "ExcessWorker"
+    SUSPENDED = "Suspended"
+    FINISHED = "JobFinished"
+    FAILED = "JobFailed"
+
+
+# Taint key → reason, in priority order: when a node carries several, the first one names the drain.
+INTERRUPTION_TAINTS: tuple[tuple[str, Reason], ...] = (
+    ("aws-node-termination-handler/spot-itn", Reason.SPOT_INTERRUPTION),
+    ("aws-node-termination-handler/asg-lifecycle-termination", Reason.ASG_TERMINATION),
+    ("aws-node-termination-handler/scheduled-maintenance", Reason.SCHEDULED_MAINTENANCE),
+    ("aws-node-termination-handler/rebalance-recommendation", Reason.REBALANCE_RECOMMENDATION),
+    ("karpenter.sh/disrupted", Reason.NODE_DISRUPTED),
+    ("karpenter.sh/disruption", Reason.NODE_DISRUPTED),  # pre-v1 Karpenter: disruption=disrupting
+    ("cloud.google.com/impending-node-termination", Reason.NODE_TERMINATING),
+    ("node.kubernetes.io/unreachable", Reason.NODE_NOT_READY),
+    ("node.kubernetes.io/not-ready", Reason.NODE_NOT_READY),
+)
+
+# Reasons that count as interruptions (not failures) for the failure budget and the latency metric.
+INTERRUPTIONS = frozenset(
+    {
+        Reason.SPOT_INTERRUPTION,
+        Reason.REBALANCE_RECOMMENDATION,
+        Reason.SCHEDULED_MAINTENANCE,
+        Reason.ASG_TERMINATION,
+        Reason.NODE_DISRUPTED,
+        Reason.NODE_TERMINATING,
+        Reason.NODE_CORDONED,
+        Reason.NODE_NOT_READY,
+        Reason.NODE_DELETED,
+        Reason.POD_DISRUPTED,
+    }
+)
+
+
+@dataclass(frozen=True)
+class Signal:
+    reason: Reason
+    message: str
+    since: datetime | None = None  # when the source says it started (taint timeAdded), if it says
+
+
+def node_signal(body: Mapping[str, Any]) -> Signal | None:
+    """The strongest interruption signal on a Node, or None for a healthy node."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    name = meta.get("name", "")
+    if meta.get("deletionTimestamp"):
+        return Signal(
+            Reason.NODE_DELETED, f"node {name} is being deleted", parse_time(meta["deletionTimestamp"])
+        )
+    taints = {t.get("key"): t for t in spec.get("taints") or []}
+    for key, reason in INTERRUPTION_TAINTS:
+        taint = taints.get(key)
+        if taint is not None:
+            return Signal(reason, f"node {name} has taint {key}", parse_time(taint.get("timeAdded")))
+    if spec.get("unschedulable"):
+        # NTH and EKS always cordon before draining, so a cordon alone is a drain notice.
+        return Signal(Reason.NODE_CORDONED, f"node {name} is cordoned")
+    return None
+
+
+def pod_signal(body: Mapping[str, Any]) -> Signal | None:
+    """A DisruptionTarget condition on a pod: something else already decided to terminate it."""
+    for cond in (body.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            why = cond.get("reason") or "DisruptionTarget"
+            return Signal(
+                Reason.POD_DISRUPTED,
+                f"pod has DisruptionTarget ({why}): {cond.get('message') or ''}".rstrip(": "),
+                parse_time(cond.get("lastTransitionTime")),
+            )
+    return None

@@ -1,0 +1,1 @@
+"""The spot-interruption demo (`etj demo`)."""
