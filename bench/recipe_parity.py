@@ -21,6 +21,7 @@ per run the validation accuracy, steps, resizes and wall time; per arm mean and 
 
     .venv/bin/python bench/recipe_parity.py --epochs 5 --width 8 --seeds 0,1,2 \\
         --out bench/results/recipe_parity.json
+    .venv/bin/python bench/recipe_parity.py --table bench/results/recipe_parity*.json   # markdown
 """
 
 from __future__ import annotations
@@ -122,7 +123,30 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def table(results: list[dict[str, Any]]) -> str:
+    """A markdown table of every run in ``results`` (several JSON outputs of this script), then the arms."""
+    runs = [r for res in results for r in res["runs"]]
+    lines = ["| arm | seed | val accuracy | resizes (from→to) | wall s |", "|---|---|---|---|---|"]
+    for r in runs:
+        acc = f"{100 * r['accuracy']:.2f} %" if r["accuracy"] is not None else "did not finish"
+        sizes = ", ".join(f"{a}→{b}" for a, b in r["resizes"]) or "none"
+        lines.append(f"| {r['arm']} | {r['seed']} | {acc} | {sizes} | {r['wallSeconds']:.0f} |")
+    summary = summarise(runs)
+    lines += ["", "| arm | runs | mean | sd |", "|---|---|---|---|"]
+    for arm, a in summary["arms"].items():
+        sd = f"{a['sdPct']:.2f} pp" if a["sdPct"] is not None else "–"
+        lines.append(f"| {arm} | {a['n']} | {a['meanPct']:.2f} % | {sd} |")
+    if "elasticMinusFixedPp" in summary:
+        lines.append(f"\nelastic − fixed: **{summary['elasticMinusFixedPp']:+.2f} pp**")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--table"]:
+        print(table([json.loads(Path(f).read_text()) for f in argv[1:]]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--width", type=int, default=8, choices=(8, 16), help="resnet_tiny width")
