@@ -20,6 +20,7 @@ from etj_operator.api.models import (
     Progress,
     set_condition,
 )
+from etj_testbed.localcluster.crds import wait_established
 from tests.api.cases import CASES, UPDATES, Case, Update, valid_job
 from tests.plugins.cluster import Cluster
 
@@ -38,7 +39,7 @@ def _committed_crd(cluster: Cluster) -> None:
     """
     crd_file = REPO / "crds" / crd.CRD_FILE
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_file))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd.CRD_NAME}")
+    wait_established(lambda *a: cluster.kubectl(*a).stdout, f"crd/{crd.CRD_NAME}")
     probe = CASES[[c.id for c in CASES].index("toleration-exists-with-value")].manifest("probe")
 
     def enforced() -> bool:

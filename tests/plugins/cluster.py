@@ -74,6 +74,7 @@ def _etj(*args: str) -> subprocess.CompletedProcess[str]:
 def cluster() -> Iterator[Cluster]:
     from etj_testbed.localcluster import toolchain
     from etj_testbed.localcluster.cluster import LocalCluster
+    from etj_testbed.localcluster.crds import wait_established
 
     local = LocalCluster.named()
     was_running = local.healthy()
@@ -85,7 +86,7 @@ def cluster() -> Iterator[Cluster]:
     crds = REPO / "crds"
     if any(crds.glob("*.yaml")):
         bed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-        bed.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        wait_established(lambda *a: bed.kubectl(*a).stdout, "crd")
     try:
         yield bed
     finally:

@@ -66,5 +66,6 @@ PRELOADS = {
 def test_preload_follows_the_job(case: str) -> None:
     env, present, absent = PRELOADS[case]
     mods = preload_modules(env)
-    assert mods[0] == "etj_trainer._forkserver_ignore_sigterm" and "etj_trainer.trainer" in mods
+    assert mods[:2] == ["etj_trainer._forkserver_dies_with_agent", "etj_trainer._forkserver_ignore_sigterm"]
+    assert "etj_trainer.trainer" in mods
     assert present <= set(mods) and not (absent & set(mods))

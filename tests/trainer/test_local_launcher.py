@@ -22,17 +22,7 @@ def test_scale_down_and_up_keeps_exactly_once(tmp_path: Path) -> None:
     # 6 epochs x 45 steps, throttled to >= 0.15 s/step: the joiner started at step 40 has ~30 s to import
     # torch and join before training ends (on a heavily loaded 2-core machine 2 epochs were not enough).
     samples = tmp_path / "samples"
-    env = {
-        "ETJ_DATA": "digits-tensor",
-        "ETJ_VAL_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
-        "ETJ_EPOCHS": "6",
-        "ETJ_GLOBAL_BATCH_SIZE": "32",
-        "ETJ_MICRO_BATCH_SIZE": "16",
-        "ETJ_MIN_STEP_SECONDS": "0.15",
-        "ETJ_SAMPLE_LOG_DIR": str(samples),
-        "ETJ_MAX_WORKERS": "2",
-    }
+    env = {**_tiny_job(samples, epochs=6, min_step_seconds=0.15), "ETJ_VAL_DATA": "digits-tensor"}
     result = run_local(2, parse_schedule("20:-1,40:+1"), env, tmp_path / "logs", timeout_s=600)
     assert result.get("finished") is True, result
     assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1), (1, 2)]  # type: ignore[index]
@@ -40,7 +30,37 @@ def test_scale_down_and_up_keeps_exactly_once(tmp_path: Path) -> None:
     logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
     assert "resizing 2->1 in process" in logs and "resizing 1->2 in process" not in logs
     assert isinstance(result.get("accuracy"), float) and result["accuracy"] > 0.8  # type: ignore[operator]
+    _assert_exactly_once(samples, epochs=6)
+
+
+@pytest.mark.slow
+def test_a_hard_kill_takes_the_whole_node_and_the_world_shrinks(tmp_path: Path) -> None:
+    # regression (issue 14): `!K` killed only the agent; its forkserver and worker trained on as a full
+    # rank, so the world never shrank and the crash path was never exercised
+    samples = tmp_path / "samples"
+    env = _tiny_job(samples, epochs=3, min_step_seconds=0.1)
+    result = run_local(2, parse_schedule("15:!1"), env, tmp_path / "logs", timeout_s=600)
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1)]  # type: ignore[index]
+    _assert_exactly_once(samples, epochs=3)  # through the crash too
+
+
+def _tiny_job(samples: Path, epochs: int, min_step_seconds: float) -> dict[str, str]:
+    """A 2-node digits job small enough for the suite, logging which samples each step used."""
+    return {
+        "ETJ_DATA": "digits-tensor",
+        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_EPOCHS": str(epochs),
+        "ETJ_GLOBAL_BATCH_SIZE": "32",
+        "ETJ_MICRO_BATCH_SIZE": "16",
+        "ETJ_MIN_STEP_SECONDS": str(min_step_seconds),
+        "ETJ_SAMPLE_LOG_DIR": str(samples),
+        "ETJ_MAX_WORKERS": "2",
+    }
+
+
+def _assert_exactly_once(samples: Path, epochs: int) -> None:
     per_epoch = consumed_per_epoch(samples)
-    assert sorted(per_epoch) == list(range(6))
+    assert sorted(per_epoch) == list(range(epochs))
     for ids in per_epoch.values():
         assert sorted(ids) == list(range(1438))  # every training sample exactly once per epoch

@@ -254,6 +254,7 @@ FAST_RESTART = _var(
 AGENT_STATE_FILE = _var(
     "AGENT_STATE_FILE", Path, "tells workers whether a SIGTERM means leave or restart", set_by=SetBy.AGENT
 )
+AGENT_PID = _var("AGENT_PID", int, "the agent's pid: its forkserver dies with it", set_by=SetBy.AGENT)
 
 # Every variable above, in the order written (the order worker_env sets them and docs/contract.md lists them).
 ALL: tuple[Var[Any], ...] = tuple(v for v in list(globals().values()) if isinstance(v, Var))

@@ -4,7 +4,7 @@ Workers are children of the forkserver, and the agent learns that a worker ended
 When a pod's whole process group gets SIGTERM (``tini -g``, ``kill -- -PGID``, the local bed's process
 nodes), the forkserver used to die at once; the agent then saw its workers as gone, exited, and the runtime
 SIGKILLed the still-running worker mid-step -- turning a graceful leave into a crash for everyone (found by
-``make demo``). The forkserver still exits when the agent does (its alive pipe closes). Forked workers
+``make demo``). It still dies with the agent (``_forkserver_dies_with_agent``). Forked workers
 inherit SIG_IGN until the trainer installs its own handler, so an early SIGTERM cannot kill them either.
 """
 

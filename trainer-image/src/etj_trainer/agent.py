@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 # Preloaded into the forkserver: everything a worker imports before its first step -- and only that, since
 # a joiner joins once these imports are done (torchvision alone is ~1.5 s, much more on a busy node).
 BASE_PRELOAD = [
-    "etj_trainer._forkserver_ignore_sigterm",  # first: a group-wide SIGTERM must not kill the forkserver
+    "etj_trainer._forkserver_dies_with_agent",  # first: a SIGKILLed agent takes its forkserver along
+    "etj_trainer._forkserver_ignore_sigterm",  # a group-wide SIGTERM must not kill the forkserver
     "torch",
     "torch.distributed",
     # torch.use_deterministic_algorithms() imports it (and with it torch._dynamo): 1.7 s per worker start
@@ -145,6 +146,9 @@ class AgentConfig:
 
 def worker_entry() -> None:
     """What each worker process runs (RANK, WORLD_SIZE, MASTER_* come from the agent)."""
+    from etj_trainer.lifetime import die_with_parent
+
+    die_with_parent()  # first of all: a worker whose forkserver or agent is gone must not train on
     import torch
     import torch.distributed as dist
 
@@ -153,7 +157,7 @@ def worker_entry() -> None:
     from etj_trainer.trainer import EXIT_RESIZE, StopFlag, train
 
     stop = StopFlag()
-    stop.install()  # first: a SIGTERM during start-up must still end in a checkpoint, not a crash
+    stop.install()  # a SIGTERM during start-up must still end in a checkpoint, not a crash
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
     cfg = TrainConfig.from_env()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -240,6 +244,12 @@ def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
     """
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(preload_modules(env))
+    # Spawned here, from the calling (main) thread, not from the warm-up thread: the forkserver dies with
+    # the thread that created it (_forkserver_dies_with_agent), and the warm-up thread ends in seconds.
+    os.environ[etj_env.AGENT_PID.name] = str(os.getpid())
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
 
     def warm() -> None:
         p = ctx.Process(target=_noop)  # start() returns once the forkserver has imported the preload

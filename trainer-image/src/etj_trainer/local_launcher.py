@@ -8,6 +8,7 @@ notice), ``!K`` SIGKILL them (a hard loss). Example: ``--nodes 2 --schedule 20:+
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -89,6 +90,8 @@ class LocalAgents:
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                # Its own process group: a hard kill (!K) takes the node whole -- agent, forkserver, workers.
+                start_new_session=True,
             )
         )
 
@@ -103,7 +106,13 @@ class LocalAgents:
                 self.start_agent()
         else:
             for a in list(reversed(self.alive()))[: ev.count]:
-                a.send_signal(signal.SIGTERM if ev.action == "-" else signal.SIGKILL)
+                if ev.action == "-":
+                    a.send_signal(signal.SIGTERM)  # what a pod's agent gets on a graceful leave
+                else:
+                    # A lost node: everything on it dies at once, not just the agent (whose workers would
+                    # otherwise train on as full ranks and the world would never shrink).
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(a.pid, signal.SIGKILL)
 
     def stop(self) -> None:
         for p in [*self.agents, self.store]:
@@ -115,6 +124,9 @@ class LocalAgents:
                     p.wait(timeout=30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+        for a in self.agents:  # nothing a node started outlives the run
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(a.pid, signal.SIGKILL)
 
 
 def run_local(

@@ -34,6 +34,7 @@ from etj_testbed.demo.script import (
 )
 from etj_testbed.demo.view import Live
 from etj_testbed.localcluster import toolchain
+from etj_testbed.localcluster.crds import wait_established
 from etj_testbed.localcluster.proclet import start_subprocess
 from etj_testbed.localcluster.proclet_kube import MERGE, Kube
 from etj_testbed.localcluster.proclet_nodes import INSTANCE_LABEL, process_node, selector_for
@@ -72,7 +73,7 @@ class Demo:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         crds = REPO / "crds"
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+        wait_established(self.kubectl, "crd")
         self.kubectl("create", "namespace", self.ns, check=False)
         self.kubectl("delete", "etj", self.name, "-n", self.ns, "--ignore-not-found", "--wait=true")
         self.procs.append(
