@@ -65,3 +65,11 @@ def test_accuracy_is_read_from_the_rank0_result_line(tmp_path: Path) -> None:
     log.write_text('noise\nETJ_RESULT {"step": 9, "accuracy": 0.975}\n')
     assert logged_accuracy(tmp_path) == 0.975
     assert logged_accuracy(tmp_path / "nothing") is None
+
+
+def test_the_demo_writes_no_tracked_file_by_default() -> None:
+    # regression: `make demo` rewrote docs/demo-timeline.png, leaving `git status` dirty
+    from etj_testbed.demo.main import parse_args
+
+    assert parse_args([]).timeline is None  # the run directory's timeline.png
+    assert parse_args(["--timeline", "docs/demo-timeline.png"]).timeline is not None

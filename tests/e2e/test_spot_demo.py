@@ -98,13 +98,13 @@ def test_interruption_and_scale_up_are_recorded_with_reasons_and_pauses(
     assert ups, history
     downs_ = [history[i] for i in downs]
     for resize in (downs_[0], ups[0]):
-        assert resize.get("reason"), resize
-        assert resize.get("pauseSeconds") is not None, resize
+        assert resize.get("reason"), (resize, history, elastic.run_dir)
+        assert resize.get("pauseSeconds") is not None, (resize, history, elastic.run_dir)
     spot = [r for r in downs_ if "Spot" in r["reason"] or "Interrupt" in r["reason"]]
     assert spot, downs_
     # One entry per resize: the operator's reason and the trainer's pause on the same record (an in-place
     # leave reports before the pod is gone; that used to leave a second, pause-less entry).
-    assert all(r.get("pauseSeconds") is not None for r in spot), spot
+    assert all(r.get("pauseSeconds") is not None for r in spot), (spot, history, elastic.run_dir)
 
 
 def test_every_sample_is_seen_exactly_once_per_epoch(runs: tuple[DemoResult, DemoResult]) -> None:

@@ -191,6 +191,21 @@ ARRIVALS: dict[str, list[ResizeEvent | list[ResizeRecord]]] = {
         [TR_LEAVE, TR_JOIN],
     ],
     "a stale report without the join in between": [OP_LEAVE, [TR_LEAVE], OP_JOIN, [], [TR_LEAVE, TR_JOIN]],
+    # regression (issue 12, found by a clean-clone make test): an in-place leave takes well under a second,
+    # so the trainer's record can carry the same whole-second time as the operator's entry (status times
+    # are whole seconds); "same time and sizes" was taken for "already merged" and the pause was dropped
+    "the trainer's record in the same second as the operator's": [
+        _ev(1, 4, 3, "SpotInterruption"),
+        [TR_LEAVE],
+        OP_JOIN,
+        [TR_LEAVE, TR_JOIN],
+    ],
+    "the same second, the trainer's record first": [
+        [TR_LEAVE],
+        _ev(1, 4, 3, "SpotInterruption"),
+        OP_JOIN,
+        [TR_JOIN],
+    ],
 }
 
 

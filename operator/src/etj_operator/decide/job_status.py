@@ -157,10 +157,26 @@ def record_resize(history: Sequence[ResizeEvent], event: ResizeEvent) -> list[Re
     return out
 
 
+def _holds(entry: ResizeEvent, rep: ResizeEvent) -> bool:
+    """Whether ``entry`` already carries the trainer's record ``rep``: its time, sizes *and* fields.
+
+    Time and sizes alone are not enough: status times are whole seconds and an in-place leave takes less
+    than one, so the operator's own entry for the same resize can share them while it still waits for the
+    trainer's pause (a clean-clone ``make test`` lost the pause that way).
+    """
+    return (entry.time, entry.from_, entry.to, entry.pause_seconds, entry.steps_lost) == (
+        rep.time,
+        rep.from_,
+        rep.to,
+        rep.pause_seconds,
+        rep.steps_lost,
+    )
+
+
 def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[ResizeRecord]) -> list[ResizeEvent]:
     """Merge the trainer's resize records into the operator's: enrich a matching entry, else append.
 
-    Idempotent: an entry already enriched (same time and sizes) is left alone on the next poll.
+    Idempotent: an entry that already holds a record is left alone on the next poll.
     """
     out = [e.model_copy() for e in history]
     for record in reported:
@@ -168,7 +184,7 @@ def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[ResizeRecor
             rep = ResizeEvent.model_validate({**record.to_json(), "time": parse_time(record.time)})
         except ValidationError:
             continue
-        if any(e.time == rep.time and e.from_ == rep.from_ and e.to == rep.to for e in out):
+        if any(_holds(e, rep) for e in out):
             continue
         match = _latest_same_resize(out, rep, lambda e: e.pause_seconds is None)
         if match is not None:

@@ -1,5 +1,9 @@
-"""`etj demo`: the command line; runs the local `Demo` or the installed-operator `ClusterDemo`, then the
-fixed-size reference, and prints the resizes and the final accuracies."""
+"""`etj demo`: an ElasticTrainingJob rides out a spot interruption on the local control plane.
+
+The command line (its first docstring line is `etj demo --help`'s description): runs the local `Demo` or
+the installed-operator `ClusterDemo`, then the fixed-size reference, and prints the resizes and the final
+accuracies.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +47,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--namespace", default="etj-demo")
     p.add_argument("--manifest", type=Path, default=REPO / "examples" / "demo-cpu.yaml")
-    p.add_argument("--timeline", type=Path, default=REPO / "docs" / "demo-timeline.png")
+    p.add_argument(
+        "--timeline",
+        type=Path,
+        help="where the PNG goes (default: the run directory; the README's picture is refreshed with "
+        "--timeline docs/demo-timeline.png -- by default a demo run changes no tracked file)",
+    )
     p.add_argument(
         "--run-dir", type=Path, help="logs, checkpoints, sample logs (default: a new dir in the cache)"
     )
@@ -115,7 +124,7 @@ def run_demo(argv: list[str]) -> int:
                 f"  {r.get('from')}→{r.get('to')} {r.get('reason')}: pause {r.get('pauseSeconds')} s, "
                 f"steps lost {r.get('stepsLost')}"
             )
-        print(f"timeline: {write_timeline(result, args.timeline)}")
+        print(f"timeline: {write_timeline(result, args.timeline or run_dir / 'timeline.png')}")
         rows = [("elastic run (spot interruption and return)", _accuracy(result, run_dir))]
         if args.reference and result.phase == "Succeeded":
             # The question a user asks: what did the interruption cost? Same job and seed at the full
