@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up everything etj needs on a fresh machine, idempotently:
+# Set up everything etj needs on a fresh machine, idempotently (Debian/Ubuntu: also the dataset-fashion-mnist package):
 #   .venv/ with etj (operator + trainer, pinned torch/torchvision/DALI), then the local control plane
 #   built from upstream Go modules into ~/.cache/etj/k8s-<version>-<hash>/ and kubectl + helm linked
 #   into .venv/bin, so `export PATH=$PWD/.venv/bin:$PATH` gives you etj, kubectl and helm.
@@ -23,6 +23,17 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --progress-bar off -e '.[trainer,dev]' | grep -v '^Requirement already satisfied' || true
   .venv/bin/python -c 'import etj_operator, etj_trainer, etj_contract, etj_testbed' # fail here, not later, if the install broke
   echo "$want" > "$stamp"
+fi
+
+# Fashion-MNIST (the recipe benchmark and its smoke test) ships as a Debian package: the original idx files.
+if ! dpkg -s dataset-fashion-mnist >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    say "installing dataset-fashion-mnist (Debian package, ~30 MB)"
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq dataset-fashion-mnist >/dev/null
+  else
+    say "no apt-get: the Fashion-MNIST tests will be skipped (install Debian's dataset-fashion-mnist)"
+  fi
 fi
 
 say "building or reusing the local control plane (cached by version)"

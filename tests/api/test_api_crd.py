@@ -99,7 +99,11 @@ def test_schema_is_structural() -> None:
             assert "anyOf" not in node and node.get("type"), f"{path} has no single type"
         if "properties" in node:
             assert "additionalProperties" not in node, path
-        assert "uniqueItems" not in node and "exclusiveMinimum" not in node, path
+        assert "uniqueItems" not in node, path
+        # OpenAPI v3.0 form only: a boolean flag next to minimum/maximum (JSON Schema's numeric form is
+        # what pydantic emits for gt/lt; crd.py converts it).
+        for key, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            assert key not in node or (node[key] is True and bound in node), path
 
 
 def test_every_field_has_a_description() -> None:

@@ -118,10 +118,13 @@ def test_quantities_accept_kubernetes_forms() -> None:
 
 def test_user_trainer_settings_with_etj_prefix_are_allowed() -> None:
     spec = valid_job()["spec"]
-    spec["trainer"]["env"] = [{"name": "ETJ_MODEL", "value": "resnet50"}, {"name": "ETJ_LR", "value": "0.1"}]
+    spec["trainer"]["env"] = [
+        {"name": "ETJ_MODEL", "value": "resnet50"},
+        {"name": "ETJ_IMAGE_SIZE", "value": "224"},
+    ]
     assert [e.name for e in ElasticTrainingJobSpec.model_validate(spec).trainer.env] == [
         "ETJ_MODEL",
-        "ETJ_LR",
+        "ETJ_IMAGE_SIZE",
     ]
 
 

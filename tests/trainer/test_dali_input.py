@@ -70,3 +70,44 @@ def test_gpu_mixed_decoding(digits_dir: Path) -> None:
     src = DaliImageSource(list_folder_samples(digits_dir / "val"), image_size=32, use_gpu=True)
     (x, _y), *_ = list(src.batches(iter([np.arange(16)])))
     assert x.is_cuda and x.shape == (16, 3, 32, 32) and torch.isfinite(x).all()
+
+
+def test_augmented_sample_is_the_same_in_any_micro_batch(digits_dir: Path) -> None:
+    """Crop + flip come from (seed, epoch, id) through external_source: regrouping ids (another world size)
+    gives every sample the same pixels; another epoch gives other crops."""
+    from etj_trainer.augment import Augmentation
+    from etj_trainer.data import Augmenter, Micro
+
+    table = list_tar_samples(digits_dir / "train.tar")
+    aug = Augmenter(Augmentation.STANDARD, seed=5, min_scale=0.2)
+    src = DaliImageSource(table, image_size=24, use_gpu=False, max_batch=8, augment=aug)
+    ids = np.array([3, 14, 15, 92, 65, 35, 89, 79])
+    (whole, y), *_ = list(src.batches(iter([Micro(2, ids)])))
+    parts = list(src.batches(iter([Micro(2, ids[5:]), Micro(2, ids[:2]), Micro(2, ids[2:5])])))
+    regrouped = torch.cat([parts[1][0], parts[2][0], parts[0][0]])
+    assert whole.shape == (8, 3, 24, 24)
+    assert torch.equal(whole, regrouped)
+    assert y.tolist() == table.labels[ids].tolist()
+    (other_epoch, _), *_ = list(src.batches(iter([Micro(3, ids)])))
+    assert not torch.equal(whole, other_epoch)
+    plain = DaliImageSource(table, image_size=24, use_gpu=False, max_batch=8)
+    (unaugmented, _), *_ = list(plain.batches(iter([ids])))
+    assert not torch.equal(whole, unaugmented)
+
+
+def test_micro_batch_above_256(digits_dir: Path) -> None:
+    """The pipeline's batch is the trainer's micro batch (DALI's old fixed 256 crash-looped a larger one)."""
+    table = list_tar_samples(digits_dir / "train.tar")
+    src = DaliImageSource(table, image_size=16, use_gpu=False, max_batch=300)
+    (x, y), *_ = list(src.batches(iter([np.arange(300)])))
+    assert x.shape == (300, 3, 16, 16) and y.tolist() == table.labels[:300].tolist()
+
+
+def test_validation_resizes_the_shorter_side_then_center_crops(digits_dir: Path) -> None:
+    table = list_tar_samples(digits_dir / "val.tar")
+    src = DaliImageSource(table, image_size=24, use_gpu=False, val_resize=32)
+    (x, _), *_ = list(src.batches(iter([np.arange(4)])))
+    full = DaliImageSource(table, image_size=32, use_gpu=False)
+    (ref, _), *_ = list(full.batches(iter([np.arange(4)])))
+    assert x.shape == (4, 3, 24, 24)
+    assert torch.allclose(x, ref[:, :, 4:28, 4:28])  # the center 24x24 of the 32x32 image

@@ -20,7 +20,12 @@ SAMPLE = {int: "7", float: "0.5", str: "DynamicSGD", Path: "/p", etj_env.truthy:
 
 
 def _sample(var: etj_env.Var[Any]) -> tuple[str, Any]:
-    raw = SAMPLE[var.parse]
+    if isinstance(var.parse, etj_env.Choice):
+        raw = var.parse.options[-1]  # not the default
+    elif var.parse is etj_env.floats:
+        raw = "0.5,2"
+    else:
+        raw = SAMPLE[var.parse]
     return raw, var.parse(raw)
 
 

@@ -119,6 +119,93 @@ PROGRESS_URL = _var(
     "PROGRESS_URL", str, "where rank 0 POSTs progress (the rendezvous pod)", field="progress_url", set_by=OP
 )
 
+
+@dataclass(frozen=True)
+class Choice:
+    """A variable with a fixed set of values (an enum on both sides; also the flag's argparse choices)."""
+
+    options: tuple[str, ...]
+
+    def __call__(self, raw: str) -> str:
+        if raw not in self.options:
+            raise ValueError(f"{raw!r} is not one of {', '.join(self.options)}")
+        return raw
+
+
+def floats(raw: str) -> tuple[float, ...]:
+    """A comma-separated list of numbers: ``"30,60,80"`` -> ``(30.0, 60.0, 80.0)``; empty -> ``()``."""
+    return tuple(float(x) for x in raw.replace(" ", "").split(",") if x)
+
+
+# The training recipe (spec.training.optimizer/lrSchedule/precision/augmentation); flags of the same name.
+LR = _var("LR", float, "learning rate at GLOBAL_BATCH_SIZE", field="lr", flag=True, set_by=OP)
+MOMENTUM = _var("MOMENTUM", float, "SGD momentum", field="momentum", flag=True, set_by=OP)
+NESTEROV = _var("NESTEROV", truthy, "Nesterov momentum", field="nesterov", flag=True, set_by=OP)
+WEIGHT_DECAY = _var("WEIGHT_DECAY", float, "L2 weight decay", field="weight_decay", flag=True, set_by=OP)
+NO_WD_NORM_BIAS = _var(
+    "NO_WD_NORM_BIAS",
+    truthy,
+    "no weight decay on normalisation weights and biases (1-d parameters)",
+    field="no_wd_norm_bias",
+    flag=True,
+    set_by=OP,
+)
+LABEL_SMOOTHING = _var(
+    "LABEL_SMOOTHING", float, "label smoothing in [0, 1)", field="label_smoothing", flag=True, set_by=OP
+)
+LR_SCHEDULE = _var(
+    "LR_SCHEDULE", Choice(("constant", "step", "cosine", "poly")), "the LR schedule over samples seen",
+    field="lr_schedule", flag=True,
+    set_by=OP,
+)  # fmt: skip
+WARMUP_EPOCHS = _var(
+    "WARMUP_EPOCHS", float, "linear warm-up length in epochs", field="warmup_epochs", flag=True, set_by=OP
+)
+LR_MILESTONES = _var(
+    "LR_MILESTONES",
+    floats,
+    "step schedule: epochs, e.g. 30,60,80",
+    field="lr_milestones",
+    flag=True,
+    set_by=OP,
+)
+LR_GAMMA = _var(
+    "LR_GAMMA", float, "step schedule: factor per milestone", field="lr_gamma", flag=True, set_by=OP
+)
+LR_POWER = _var("LR_POWER", float, "poly schedule: exponent", field="lr_power", flag=True, set_by=OP)
+LR_FINAL_FRACTION = _var(
+    "LR_FINAL_FRACTION",
+    float,
+    "cosine schedule: final LR as a fraction of the LR",
+    field="lr_final_fraction",
+    flag=True,
+    set_by=OP,
+)
+PRECISION = _var(
+    "PRECISION",
+    Choice(("fp32", "bf16", "fp16")),
+    "autocast precision",
+    field="precision",
+    flag=True,
+    set_by=OP,
+)
+AUGMENT = _var(
+    "AUGMENT", Choice(("none", "standard")), "standard: crop + flip", field="augment", flag=True, set_by=OP
+)
+MIN_CROP_SCALE = _var(
+    "MIN_CROP_SCALE", float, "standard augmentation: smallest crop area", field="min_crop_scale", flag=True,
+    set_by=OP,
+)  # fmt: skip
+VAL_RESIZE = _var(
+    "VAL_RESIZE",
+    int,
+    "validation: shorter side resized to this, then center crop (0: IMAGE_SIZE)",
+    field="val_resize",
+    flag=True,
+    set_by=OP,
+)
+
+
 # ---- trainer settings a user passes (spec.trainer.env) or flags of etj-train local|train ---------------
 DATA = _var(
     "DATA", str, "training data: digits, digits-tensor, a folder tree or a .tar", field="data", flag=True
@@ -131,9 +218,7 @@ MAX_STEPS = _var(
     "MAX_STEPS", int, "stop after this many global steps (0: all epochs)", field="max_steps", flag=True
 )
 NUM_CLASSES = _var("NUM_CLASSES", int, "classes of the model's output", field="num_classes")
-IMAGE_SIZE = _var("IMAGE_SIZE", int, "input image side in pixels", field="image_size")
-LR = _var("LR", float, "base learning rate", field="lr", flag=True)
-MOMENTUM = _var("MOMENTUM", float, "SGD momentum", field="momentum")
+IMAGE_SIZE = _var("IMAGE_SIZE", int, "input image side in pixels", field="image_size", flag=True)
 SYNC_BATCHNORM = _var("SYNC_BATCHNORM", truthy, "synchronise BatchNorm statistics", field="sync_batchnorm")
 DTYPE = _var("DTYPE", str, "float32, or float64 for bit-tight equivalence tests", field="dtype", flag=True)
 MIN_STEP_SECONDS = _var(

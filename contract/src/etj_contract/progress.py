@@ -91,6 +91,7 @@ _WIRE = {
     "per_worker_batch": "perWorkerBatch",
     "accumulation_steps": "accumulationSteps",
     "lr_multiplier": "lrMultiplier",
+    "lr": "lr",
     "accuracy": "accuracy",
 }
 _INTS = frozenset({"epoch", "step", "samples_seen", "world_size", "per_worker_batch", "accumulation_steps"})
@@ -109,6 +110,7 @@ class ProgressDoc:
     per_worker_batch: int | None = None
     accumulation_steps: int | None = None
     lr_multiplier: float | None = None
+    lr: float | None = None  # the LR in force: base x schedule factor (samples seen) x lr_multiplier
     last_checkpoint: dict[str, Any] | None = None  # {step, path, time}
     resizes: tuple[ResizeRecord, ...] = field(default_factory=tuple)
     finished: bool = False

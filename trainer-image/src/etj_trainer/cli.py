@@ -1,4 +1,4 @@
-"""``etj-train``: store | worker | local | train | make-digits."""
+"""``etj-train``: store | worker | local | train | make-digits | prepare."""
 
 from __future__ import annotations
 
@@ -11,11 +11,18 @@ from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
 
 # --<field> flag -> the variable it sets (etj_contract.env marks which are flags).
 TRAIN_FLAGS = {var.field: var.name for var in etj_env.TRAIN_FLAGS if var.field is not None}
+# Boolean variables: `--nesterov` alone means on, `--nesterov false` / `--no-wd-norm-bias false` set a value.
+SWITCHES = {var.field for var in etj_env.TRAIN_FLAGS if var.parse is etj_env.truthy}
+CHOICES = {v.field: v.parse.options for v in etj_env.TRAIN_FLAGS if isinstance(v.parse, etj_env.Choice)}
 
 
 def _add_train_flags(p: argparse.ArgumentParser) -> None:
     for name in TRAIN_FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, default=None)
+        flag = "--" + name.replace("_", "-")
+        if name in SWITCHES:
+            p.add_argument(flag, dest=name, default=None, nargs="?", const="true")
+        else:
+            p.add_argument(flag, dest=name, default=None, choices=CHOICES.get(name))
 
 
 def _train_env(ns: argparse.Namespace) -> dict[str, str]:
@@ -43,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     md = sub.add_parser("make-digits", help="write scikit-learn digits as JPEG folders + tar shards")
     md.add_argument("out_dir", type=Path)
     md.add_argument("--image-size", type=int, default=32)
+    pr = sub.add_parser(
+        "prepare", help="write a public data set in the packed format (DIR/train.tar, val.tar)"
+    )
+    pr.add_argument("dataset", choices=["fashion-mnist"])
+    pr.add_argument("out_dir", type=Path)
+    pr.add_argument("--image-size", type=int, default=None, help="resize (default: keep 28x28)")
+    pr.add_argument("--limit", type=int, default=0, help="first N samples of each split (smoke tests)")
     ns = ap.parse_args(argv)
 
     if ns.cmd == "store":
@@ -83,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         from etj_trainer.digits import make_digits
 
         print(make_digits(ns.out_dir, ns.image_size))
+        return 0
+    if ns.cmd == "prepare":
+        from etj_trainer import fashion_mnist
+
+        try:
+            print(fashion_mnist.prepare(ns.out_dir, ns.image_size, ns.limit))
+        except fashion_mnist.MissingDataset as e:
+            print(f"etj-train: {e}", file=sys.stderr)
+            return 1
         return 0
     return 2
 

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from etj_contract import env as etj_env
+from etj_trainer.augment import Augmentation
 from etj_trainer.batching import ResizePolicy
+from etj_trainer.schedule import LrSchedule, ScheduleType
 
 
 @dataclass
@@ -31,6 +33,20 @@ class TrainConfig:
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 0.0
+    nesterov: bool = False
+    no_wd_norm_bias: bool = True  # no weight decay on BatchNorm/LayerNorm weights and biases (1-d params)
+    label_smoothing: float = 0.0
+    # LR schedule over samples seen (schedule.py); the LR above belongs to global_batch_size
+    lr_schedule: ScheduleType = ScheduleType.CONSTANT
+    warmup_epochs: float = 0.0
+    lr_milestones: tuple[float, ...] = ()
+    lr_gamma: float = 0.1
+    lr_power: float = 1.0
+    lr_final_fraction: float = 0.0
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)
+    augment: Augmentation = Augmentation.NONE
+    min_crop_scale: float = 0.08  # "standard": random-resized-crop area fraction in [min_crop_scale, 1]
+    val_resize: int = 0  # validation: shorter side resized to this, then center crop (0: image_size)
     sync_batchnorm: bool = False
     checkpoint_dir: Path | None = None
     checkpoint_interval_steps: int = 100
@@ -44,7 +60,12 @@ class TrainConfig:
     min_step_seconds: float = 0.0  # throttle (demos/tests on a laptop: makes resizes land mid-training)
 
     def __post_init__(self) -> None:
-        self.resize_policy = ResizePolicy(self.resize_policy)  # the environment gives its text
+        # The environment gives text; the contract module is standard-library only.
+        self.resize_policy = ResizePolicy(self.resize_policy)
+        self.lr_schedule = ScheduleType(self.lr_schedule)
+        self.augment = Augmentation(self.augment)
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be fp32, bf16 or fp16, not {self.precision!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> TrainConfig:
@@ -68,3 +89,15 @@ class TrainConfig:
         for k, val in overrides.items():
             setattr(cfg, k, val)
         return cfg
+
+    def schedule(self) -> LrSchedule:
+        """The LR schedule (validated: warm-up shorter than training, milestones inside it)."""
+        return LrSchedule(
+            type=self.lr_schedule,
+            epochs=self.epochs,
+            warmup_epochs=self.warmup_epochs,
+            milestones=tuple(self.lr_milestones),
+            gamma=self.lr_gamma,
+            power=self.lr_power,
+            final_lr_fraction=self.lr_final_fraction,
+        )

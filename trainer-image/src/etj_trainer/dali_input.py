@@ -5,6 +5,16 @@ a new world size", so the encoded bytes are fed by ``external_source`` from the 
 sampler assigns to this rank; decoding, resizing and normalisation stay in DALI ("mixed" nvJPEG decoding
 when CUDA is present, DALI's CPU operators with ``device_id=None`` when not).
 
+Augmentation ("standard": random-resized crop + flip) is *drawn* in Python from (seed, epoch, sample id)
+(augment.py) and fed next to the bytes, so DALI only applies it: ``fn.decoders.image_slice`` decodes just
+the window (normalised anchor/shape), ``fn.resize`` scales it to the training size and
+``fn.crop_mirror_normalize(mirror=...)`` flips. No DALI RNG is used, so the same sample gets the same crop on
+whichever rank of whichever world size. Without augmentation (and for validation) images are resized so
+the shorter side is ``val_resize`` and center-cropped to ``image_size``.
+
+The pipeline's batch size is the largest micro-batch the trainer will feed (``max_batch``), so a
+``microBatchSize`` above DALI's usual 256 works.
+
 Two on-disk layouts: a folder tree ``<class>/<file>.jpg`` (class index = sorted folder order) and a
 webdataset-style ``.tar`` (``<key>.jpg`` + ``<key>.cls``), read by offset from an mmap without unpacking.
 """
@@ -21,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from etj_trainer.data import MEAN, STD
+from etj_trainer.data import MEAN, STD, Augmenter, StreamItem, unpack
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
@@ -88,8 +98,12 @@ class DaliImageSource:
         threads: int = 2,
         max_batch: int = 256,
         use_gpu: bool | None = None,
+        augment: Augmenter | None = None,
+        val_resize: int = 0,
     ) -> None:
         self.table = table
+        self.augment = augment or Augmenter()
+        self.val_resize = val_resize or image_size
         self.num_samples = len(table)
         self.image_size = image_size
         self.sample_shape: tuple[int, ...] = (3, image_size, image_size)
@@ -110,20 +124,29 @@ class DaliImageSource:
         assert self.table.paths is not None
         return np.fromfile(self.table.paths[i], dtype=np.uint8)
 
-    def _feed(
-        self, index_stream: Iterator[np.ndarray]
-    ) -> Iterator[tuple[list[np.ndarray], list[np.ndarray]]]:
-        for idx in index_stream:
+    def _feed(self, index_stream: Iterator[StreamItem]) -> Iterator[tuple[list[np.ndarray], ...]]:
+        for item in index_stream:
+            m = unpack(item)
+            idx = m.ids
             if len(idx) > self.max_batch:
                 raise ValueError(
                     f"micro-batch of {len(idx)} exceeds the pipeline's max batch {self.max_batch}"
                 )
+            jpegs = [self._encoded(int(i)) for i in idx]
+            labels = [np.asarray([self.table.labels[int(i)]], dtype=np.int64) for i in idx]
+            if not self.augment.on:
+                yield jpegs, labels
+                continue
+            c = self.augment.crops(m)
             yield (
-                [self._encoded(int(i)) for i in idx],
-                [np.asarray([self.table.labels[int(i)]], dtype=np.int64) for i in idx],
+                jpegs,
+                labels,
+                list(c.anchor),
+                list(c.shape),
+                [np.asarray(f, dtype=np.int32) for f in c.flip],
             )
 
-    def build_pipeline(self, index_stream: Iterator[np.ndarray]) -> Any:
+    def build_pipeline(self, index_stream: Iterator[StreamItem]) -> Any:
         import importlib
 
         # DALI's type stubs do not cover its generated operator/enum modules; treat them as dynamic.
@@ -133,6 +156,13 @@ class DaliImageSource:
 
         device_id = torch.cuda.current_device() if self.use_gpu else None
         size = self.image_size
+        decode_on = "mixed" if self.use_gpu else "cpu"
+        norm = {
+            "dtype": types.FLOAT,
+            "output_layout": "CHW",
+            "mean": [MEAN * 255] * 3,
+            "std": [STD * 255] * 3,
+        }
 
         @pipeline_def(  # type: ignore[untyped-decorator]  # DALI is untyped (imported as Any above)
             batch_size=self.max_batch,
@@ -142,23 +172,37 @@ class DaliImageSource:
             exec_dynamic=True,
         )
         def pipe() -> tuple[Any, Any]:
+            if self.augment.on:
+                jpegs, labels, anchor, shape, flip = fn.external_source(
+                    source=self._feed(index_stream),
+                    num_outputs=5,
+                    batch=True,
+                    dtype=[types.UINT8, types.INT64, types.FLOAT, types.FLOAT, types.INT32],
+                )
+                images = fn.decoders.image_slice(
+                    jpegs,
+                    anchor,
+                    shape,
+                    device=decode_on,
+                    output_type=types.RGB,
+                    normalized_anchor=True,
+                    normalized_shape=True,
+                    axis_names="WH",
+                )
+                images = fn.resize(images, resize_x=size, resize_y=size)
+                return fn.crop_mirror_normalize(images, mirror=flip, **norm), labels
             jpegs, labels = fn.external_source(
                 source=self._feed(index_stream), num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64]
             )
-            images = fn.decoders.image(
-                jpegs, device="mixed" if self.use_gpu else "cpu", output_type=types.RGB
-            )
-            images = fn.resize(images, resize_x=size, resize_y=size)
-            images = fn.crop_mirror_normalize(
-                images, dtype=types.FLOAT, output_layout="CHW", mean=[MEAN * 255] * 3, std=[STD * 255] * 3
-            )
-            return images, labels
+            images = fn.decoders.image(jpegs, device=decode_on, output_type=types.RGB)
+            images = fn.resize(images, resize_shorter=self.val_resize)
+            return fn.crop_mirror_normalize(images, crop=(size, size), **norm), labels
 
         p = pipe()
         p.build()
         return p
 
-    def batches(self, index_stream: Iterator[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, index_stream: Iterator[StreamItem]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
         p = self.build_pipeline(index_stream)

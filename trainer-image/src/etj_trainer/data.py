@@ -9,7 +9,8 @@ regroup.py), so a source may prefetch freely and a resize re-shards it simply th
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -17,44 +18,118 @@ import numpy as np
 import torch
 
 from etj_contract import env as etj_env
+from etj_trainer.augment import Augmentation, Crops, apply_to_tensors, draw_crops
 
 MEAN, STD = 0.5, 0.25  # digits are grey scale; the same constants are used by the DALI path
+
+
+@dataclass(frozen=True)
+class Micro:
+    """One micro-batch of sample ids and the epoch they belong to (augmentation draws depend on it)."""
+
+    epoch: int
+    ids: np.ndarray
+
+
+# A source takes a stream of micro-batches; a bare id array means "epoch 0" (validation, tests).
+StreamItem = Micro | np.ndarray
+
+
+def unpack(item: StreamItem) -> Micro:
+    return item if isinstance(item, Micro) else Micro(0, np.asarray(item))
+
+
+@dataclass(frozen=True)
+class Augmenter:
+    """The training split's augmentation: draws depend on (seed, epoch, sample id) only (augment.py)."""
+
+    policy: Augmentation = Augmentation.NONE
+    seed: int = 0
+    min_scale: float = 0.08
+
+    @property
+    def on(self) -> bool:
+        return self.policy == Augmentation.STANDARD
+
+    def crops(self, m: Micro) -> Crops:
+        return draw_crops(self.seed, m.epoch, m.ids, self.min_scale)
 
 
 class BatchSource(Protocol):
     num_samples: int
     sample_shape: tuple[int, ...]  # C, H, W: lets a rank with an empty share build an empty batch
 
-    def batches(self, index_stream: Iterator[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+    def batches(self, index_stream: Iterator[StreamItem]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
     def close(self) -> None: ...
 
 
 class TensorSource:
-    """In-memory samples: exact and deterministic, used by equivalence tests and benchmarks."""
+    """In-memory samples: exact and deterministic, used by equivalence tests and benchmarks.
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+    ``convert`` turns a stored batch into model input (e.g. uint8 -> normalised float, so a large data set
+    is held compactly); augmentation is applied after it, per sample, as on the DALI path.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        augment: Augmenter | None = None,
+        convert: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.images = images
         self.labels = labels
         self.num_samples = len(labels)
-        self.sample_shape: tuple[int, ...] = tuple(images.shape[1:])
+        self.augment = augment or Augmenter()
+        self.convert = convert
+        self.sample_shape: tuple[int, ...] = tuple(self._convert(images[:1]).shape[1:])
 
-    def batches(self, index_stream: Iterator[np.ndarray]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for idx in index_stream:
-            t = torch.from_numpy(idx)
-            yield self.images[t], self.labels[t]
+    def _convert(self, x: torch.Tensor) -> torch.Tensor:
+        return self.convert(x) if self.convert is not None else x
+
+    def batches(self, index_stream: Iterator[StreamItem]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for item in index_stream:
+            m = unpack(item)
+            t = torch.from_numpy(np.ascontiguousarray(m.ids))
+            x = self._convert(self.images[t])
+            if self.augment.on:
+                x = apply_to_tensors(x, self.augment.crops(m))
+            yield x, self.labels[t]
 
     def close(self) -> None:
         pass
 
 
-def digits_tensor_source(split: str, dtype: torch.dtype = torch.float32) -> TensorSource:
+def grey_to_input(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """uint8 ``(n, H, W)`` grey images -> normalised 3-channel float, like the decoded JPEGs."""
+
+    def convert(x: torch.Tensor) -> torch.Tensor:
+        return x.to(dtype).div(255.0).sub(MEAN).div(STD).unsqueeze(1).expand(-1, 3, -1, -1).contiguous()
+
+    return convert
+
+
+def digits_tensor_source(
+    split: str, dtype: torch.dtype = torch.float32, augment: Augmenter | None = None
+) -> TensorSource:
     from etj_trainer.digits import digits_split
 
     images, labels = digits_split()[split]
-    x = torch.from_numpy(images).to(dtype).div(255.0).sub(MEAN).div(STD)
-    x = x.unsqueeze(1).expand(-1, 3, -1, -1).contiguous()  # 3 channels, like the decoded JPEGs
-    return TensorSource(x, torch.from_numpy(labels))
+    x = grey_to_input(dtype)(torch.from_numpy(images))
+    return TensorSource(x, torch.from_numpy(labels), augment)
+
+
+def fashion_mnist_tensor_source(
+    split: str, dtype: torch.dtype = torch.float32, augment: Augmenter | None = None
+) -> TensorSource:
+    """Fashion-MNIST from the Debian package's idx files, held as uint8 and converted per batch."""
+    from etj_trainer.fashion_mnist import load_split
+
+    images, labels = load_split(split)
+    return TensorSource(
+        torch.from_numpy(images), torch.from_numpy(labels), augment, convert=grey_to_input(dtype)
+    )
 
 
 def digits_cache_dir() -> Path:
@@ -80,11 +155,28 @@ def ensure_digits(image_size: int = 32) -> Path:
     return out
 
 
-def open_source(spec: str, split: str, image_size: int, dtype: torch.dtype, threads: int = 2) -> BatchSource:
-    """``digits-tensor`` | ``digits`` | a folder tree (``<class>/<file>.jpg``, or its parent with
-    ``train``/``val``) | a webdataset-style ``.tar``."""
+def open_source(
+    spec: str,
+    split: str,
+    image_size: int,
+    dtype: torch.dtype,
+    threads: int = 2,
+    *,
+    augment: Augmenter | None = None,
+    max_batch: int = 256,
+    val_resize: int = 0,
+) -> BatchSource:
+    """``digits-tensor`` | ``fashion-mnist-tensor`` | ``digits`` | a folder tree (``<class>/<file>.jpg``,
+    or its parent with ``train``/``val``) | a webdataset-style ``.tar``.
+
+    ``augment`` applies to this split (pass it for training only); ``max_batch`` is the largest micro-batch
+    the stream will ask for; ``val_resize`` is the shorter side images are resized to before the center
+    crop when not augmenting (0: ``image_size``).
+    """
     if spec == "digits-tensor":
-        return digits_tensor_source(split, dtype)
+        return digits_tensor_source(split, dtype, augment)
+    if spec == "fashion-mnist-tensor":
+        return fashion_mnist_tensor_source(split, dtype, augment)
     if spec == "digits":
         path = ensure_digits(image_size) / split
     else:
@@ -96,4 +188,12 @@ def open_source(spec: str, split: str, image_size: int, dtype: torch.dtype, thre
     from etj_trainer.dali_input import DaliImageSource, list_folder_samples, list_tar_samples
 
     samples = list_tar_samples(path) if path.suffix == ".tar" else list_folder_samples(path)
-    return DaliImageSource(samples, image_size=image_size, dtype=dtype, threads=threads)
+    return DaliImageSource(
+        samples,
+        image_size=image_size,
+        dtype=dtype,
+        threads=threads,
+        max_batch=max_batch,
+        augment=augment,
+        val_resize=val_resize,
+    )

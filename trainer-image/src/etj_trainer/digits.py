@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 import zipfile
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from etj_contract import env as etj_env
+from etj_trainer.packed import add_sample, grey_jpeg
 
 VAL_FRACTION = 0.2
 SPLIT_SEED = 1234
@@ -52,16 +52,6 @@ def digits_split() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-def _jpeg(img: np.ndarray, size: int) -> bytes:
-    from PIL import Image
-
-    # Upscale before JPEG: 8x8 blocks at 8x8 pixels would be destroyed by chroma/quantisation.
-    pil = Image.fromarray(img, mode="L").resize((size, size), Image.Resampling.BILINEAR).convert("RGB")
-    buf = io.BytesIO()
-    pil.save(buf, format="JPEG", quality=95)
-    return buf.getvalue()
-
-
 def make_digits(out_dir: Path, image_size: int = 32) -> dict[str, int]:
     """Write the digits dataset as JPEG folder trees and tar shards; returns sample counts."""
     out_dir = Path(out_dir)
@@ -71,13 +61,11 @@ def make_digits(out_dir: Path, image_size: int = 32) -> dict[str, int]:
         root = out_dir / split
         with tarfile.open(out_dir / f"{split}.tar", "w") as tar:
             for i, (img, label) in enumerate(zip(images, labels, strict=True)):
-                data = _jpeg(img, image_size)
+                # Upscale before JPEG: 8x8 blocks at 8x8 pixels would be destroyed by chroma/quantisation.
+                data = grey_jpeg(img, image_size)
                 path = root / str(int(label)) / f"{i:05d}.jpg"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
-                for name, payload in ((f"{i:05d}.jpg", data), (f"{i:05d}.cls", str(int(label)).encode())):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(payload)
-                    tar.addfile(info, io.BytesIO(payload))
+                add_sample(tar, f"{i:05d}", data, int(label))
         counts[split] = len(labels)
     return counts

@@ -11,8 +11,10 @@ smaller batch for T steps -- bench/dynamic_sgd_cnn.py's spot schedule (grow and 
 that: the jump beat the two-way ramp on final loss (docs/dynamic-sgd.md).
 
 ``DynamicSGD`` is a drop-in ``torch.optim.SGD``: use it anywhere, call ``rescale(old_batch, new_batch)``
-(or ``set_target``) when the global batch changes. It owns each group's ``lr`` (``base_lr * multiplier``),
-so do not combine it with another scheduler that writes ``lr``.
+(or ``set_target``) when the global batch changes. It owns each group's ``lr``: ``base_lr * schedule_factor *
+multiplier``. An LR schedule composes through ``set_schedule_factor`` (the trainer sets it before every
+step from schedule.py's ``lr_factor`` of the samples seen), not by writing ``lr``: the schedule says where
+in training we are, the multiplier how large the batch is now, and the LR in force is their product.
 """
 
 from __future__ import annotations
@@ -64,12 +66,25 @@ class DynamicSGD(torch.optim.SGD):
             group.setdefault("base_lr", group["lr"])
         self.ramp = LinearRamp(ramp_steps=ramp_steps)
         self.iteration = 0  # number of completed ``step()`` calls
+        self.schedule_factor = 1.0
         self._apply_multiplier()
 
     @property
     def lr_multiplier(self) -> float:
         """The multiplier the next ``step()`` uses."""
         return self.ramp.value(self.iteration)
+
+    @property
+    def lr(self) -> float:
+        """The LR the next ``step()`` uses (first group): base LR x schedule factor x multiplier."""
+        return float(self.param_groups[0]["base_lr"] * (self.lr_multiplier * self.schedule_factor))
+
+    def set_schedule_factor(self, factor: float) -> None:
+        """The LR schedule's factor for the next steps (composes multiplicatively with the ramp)."""
+        if factor < 0:
+            raise ValueError("schedule factor must not be negative")
+        self.schedule_factor = factor
+        self._apply_multiplier()
 
     def set_target(self, target: float) -> None:
         """Ramp from the multiplier in force now to an absolute ``target`` multiplier of ``base_lr``."""
@@ -84,7 +99,7 @@ class DynamicSGD(torch.optim.SGD):
         self.set_target(self.ramp.target * new_global_batch / old_global_batch)
 
     def _apply_multiplier(self) -> None:
-        m = self.lr_multiplier
+        m = self.lr_multiplier * self.schedule_factor
         for group in self.param_groups:
             group["lr"] = group["base_lr"] * m
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+import torch
 from torch import nn
 
 
@@ -38,3 +39,51 @@ def build_model(spec: str, num_classes: int) -> nn.Module:
     if not isinstance(model, nn.Module):
         raise TypeError(f"{spec} did not return a torch.nn.Module")
     return model
+
+
+class _Block(nn.Module):
+    """A ResNet basic block (two 3x3 convolutions with BatchNorm, identity or 1x1 projection shortcut)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+        self.short: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.short(x))
+
+
+def resnet_tiny(num_classes: int = 10, in_channels: int = 3, width: int = 16) -> nn.Module:
+    """A small ResNet with BatchNorm for 28-32 px images, sized for CPU (the Fashion-MNIST recipe bench).
+
+    The stem keeps the full resolution; the residual blocks start at half of it (a block at full
+    resolution would cost as much as the rest of the network together).
+    """
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(width),
+        nn.ReLU(inplace=True),
+        _Block(width, 2 * width, 2),
+        _Block(2 * width, 2 * width, 1),
+        _Block(2 * width, 4 * width, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4 * width, num_classes),
+    )
+
+
+def resnet_tiny_w8(num_classes: int = 10) -> nn.Module:
+    """``resnet_tiny`` at width 8 (about a quarter of the compute): the CPU-sized recipe benchmark."""
+    return resnet_tiny(num_classes, width=8)
+
+
+def resnet_tiny_w16(num_classes: int = 10) -> nn.Module:
+    return resnet_tiny(num_classes, width=16)

@@ -6,9 +6,10 @@ Kept apart from ``models.py`` so the spec and status modules stay small and both
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import (
     AfterValidator,
@@ -19,6 +20,7 @@ from pydantic import (
     GetJsonSchemaHandler,
     PlainSerializer,
     WithJsonSchema,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
@@ -170,3 +172,47 @@ def _rfc3339(value: datetime) -> str:
 
 # A timestamp serialized the way Kubernetes writes metav1.Time.
 Time = Annotated[datetime, PlainSerializer(_rfc3339, return_type=str, when_used="json")]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A rule across fields, written once: the CEL rule the apiserver runs and the check pydantic runs.
+
+    List them in a model's ``checks``; ``ApiModel`` emits each as an ``x-kubernetes-validations`` entry on
+    the model's schema and runs ``holds`` after validation, raising ``message`` -- so ``kubectl apply`` and
+    the operator's parser reject the same objects with the same words.
+    """
+
+    rule: str  # CEL, evaluated with ``self`` = the model's object
+    message: str
+    holds: Callable[[Any], bool]  # the same condition on the pydantic object
+    field_path: str | None = None
+
+    def entry(self) -> dict[str, str]:
+        return cel(self.rule, self.message, field_path=self.field_path)
+
+
+class CheckedModel(ApiModel):
+    """An ``ApiModel`` with cross-field ``checks`` (see ``Check``)."""
+
+    checks: ClassVar[tuple[Check, ...]] = ()
+
+    @model_validator(mode="after")
+    def _run_checks(self) -> Self:
+        for c in type(self).checks:
+            if not c.holds(self):
+                raise ValueError(c.message)
+        return self
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        out = handler(schema)
+        target = handler.resolve_ref_schema(out)
+        if cls.checks:
+            # A new list: the existing one may be the model_config's own (pydantic copies extras shallowly),
+            # and extending it in place would add the checks again at every schema generation.
+            rules = target.get("x-kubernetes-validations", [])
+            target["x-kubernetes-validations"] = [*rules, *(c.entry() for c in cls.checks)]
+        return out

@@ -36,6 +36,8 @@ _PASS = {
     "default",
     "minimum",
     "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
     "minLength",
     "maxLength",
     "pattern",
@@ -105,6 +107,10 @@ def structural(
         return structural(_merge(node, branches[0]), defs, path, is_field=is_field)
     if node.get("default", 0) is None:
         del node["default"]  # Optional's "default: null" means "absent", not a value to apply
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        # JSON Schema's numeric exclusive bound (pydantic gt/lt) is OpenAPI v3.0's bound + boolean flag.
+        if exclusive in node and not isinstance(node[exclusive], bool):
+            node[bound], node[exclusive] = node.pop(exclusive), True
 
     out: dict[str, Any] = {}
     for key, value in node.items():

@@ -22,6 +22,7 @@ from etj_operator.api._base import (
     DNS_SUBDOMAIN_RE,
     URI_RE,
     ApiModel,
+    CheckedModel,
     Matches,
     cel,
     rules,
@@ -43,6 +44,15 @@ from etj_operator.api.pod import (
     Volume,
     VolumeMount,
     WorkerResources,
+)
+from etj_operator.api.recipe import (
+    AugmentationSpec,
+    AugmentationType,
+    LrScheduleSpec,
+    OptimizerSpec,
+    Precision,
+    ScheduleType,
+    epoch_checks,
 )
 from etj_operator.api.status import (
     MAX_RESIZE_HISTORY,
@@ -121,8 +131,10 @@ class DynamicSGDSpec(ApiModel):
     )
 
 
-class TrainingSpec(ApiModel):
-    """Batch sizes, resize policy and length of the training run."""
+class TrainingSpec(CheckedModel):
+    """Batch sizes, resize policy, length and recipe (optimizer, LR schedule, precision, augmentation)."""
+
+    checks = epoch_checks()
 
     model_config = {
         "json_schema_extra": rules(
@@ -165,6 +177,13 @@ class TrainingSpec(ApiModel):
     )
     epochs: int = Field(default=1, ge=1, le=100_000, description="Passes over the training set.")
     seed: int = Field(default=0, ge=0, le=(1 << 31) - 1, description="Seed of the sampler and model init.")
+    optimizer: OptimizerSpec = section(OptimizerSpec, "SGD settings: learning rate, momentum, weight decay.")
+    lr_schedule: LrScheduleSpec = section(LrScheduleSpec, "LR schedule over samples seen (epochs).")
+    precision: Precision = Field(
+        default=Precision.FP32,
+        description="fp32, bf16 or fp16: autocast, fp16 with a checkpointed gradient scaler (ETJ_PRECISION).",
+    )
+    augmentation: AugmentationSpec = section(AugmentationSpec, "Training-image augmentation.")
 
     @model_validator(mode="after")
     def _check(self) -> TrainingSpec:
@@ -306,7 +325,10 @@ class ElasticTrainingJobSpec(ApiModel):
 
     trainer: TrainerSpec = Field(description="Container that runs the training on every worker.")
     replicas: ReplicaRange = Field(description="Elastic range of worker pods.")
-    training: TrainingSpec = Field(description="Batch sizes, resize policy and training length.")
+    training: TrainingSpec = Field(
+        description="Batch sizes, resize policy, training length and recipe (optimizer, LR schedule, "
+        "precision, augmentation)."
+    )
     placement: Placement = section(Placement, "Node pools for workers and the rendezvous store.")
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint storage and interval.")
     scaling: ScalingSpec = section(ScalingSpec, "Resize timing.")
@@ -376,6 +398,8 @@ __all__ = [
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",
+    "AugmentationSpec",
+    "AugmentationType",
     "CapacityType",
     "CheckpointSpec",
     "Condition",
@@ -388,9 +412,12 @@ __all__ = [
     "EnvVar",
     "FailurePolicy",
     "LastCheckpoint",
+    "LrScheduleSpec",
+    "OptimizerSpec",
     "PVCRef",
     "Phase",
     "Placement",
+    "Precision",
     "Progress",
     "PullPolicy",
     "RendezvousPlacement",
@@ -398,6 +425,7 @@ __all__ = [
     "ResizeEvent",
     "ResizePolicy",
     "ScalingSpec",
+    "ScheduleType",
     "TaintEffect",
     "Toleration",
     "TolerationOperator",

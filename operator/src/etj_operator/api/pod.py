@@ -23,7 +23,8 @@ from etj_operator.api._base import (
 DEFAULT_COMMAND = ["etj-train", "worker"]
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 # Variables the operator sets on every worker (etj_contract.env.OPERATOR_SET). Users may not override them;
-# other ETJ_* names (ETJ_DATA, ETJ_MODEL, ETJ_LR, ...) are trainer settings users are expected to pass.
+# other ETJ_* names (ETJ_DATA, ETJ_MODEL, ETJ_IMAGE_SIZE, ...) are trainer settings users may pass;
+# the recipe (ETJ_LR ... ETJ_VAL_RESIZE) comes from spec.training, so it has one source.
 RESERVED_ENV = etj_env.RESERVED_ENV
 _RESERVED_CEL = "[" + ", ".join(f"'{n}'" for n in RESERVED_ENV) + "]"
 

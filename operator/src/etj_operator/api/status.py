@@ -139,6 +139,11 @@ class ElasticTrainingJobStatus(StatusModel):
     lr_multiplier: float | None = Field(
         default=None, ge=0, description="Current learning-rate multiplier (changes under DynamicSGD)."
     )
+    lr: float | None = Field(
+        default=None,
+        ge=0,
+        description="Learning rate in force: the schedule's value at the samples seen x lrMultiplier.",
+    )
     progress: Progress | None = Field(default=None, description="Training progress.")
     resize_history: Annotated[list[ResizeEvent], Field(max_length=MAX_RESIZE_HISTORY)] = Field(
         default_factory=list, description=f"The last {MAX_RESIZE_HISTORY} resizes, oldest first."

@@ -111,6 +111,7 @@ def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: d
         (doc.per_worker_batch, "per_worker_batch"),
         (doc.accumulation_steps, "accumulation_steps"),
         (doc.lr_multiplier, "lr_multiplier"),
+        (doc.lr, "lr"),
     ):
         if value is not None and value >= 0:
             setattr(st, attr, value)

@@ -16,6 +16,7 @@ from etj_operator.api.models import (
     KIND,
     CapacityType,
     ElasticTrainingJobSpec,
+    TrainingSpec,
 )
 from etj_operator.constants import (
     LABEL_CAPACITY_OVERRIDE,
@@ -164,6 +165,29 @@ def _restricted_pod() -> dict[str, Any]:
     }
 
 
+def recipe_env(training: TrainingSpec) -> dict[etj_env.Var[Any], object]:
+    """The training recipe (spec.training.optimizer/lrSchedule/precision/augmentation) as ETJ_* values."""
+    opt, sched, aug = training.optimizer, training.lr_schedule, training.augmentation
+    return {
+        etj_env.LR: opt.lr_at(training.global_batch_size),
+        etj_env.MOMENTUM: opt.momentum,
+        etj_env.NESTEROV: str(opt.nesterov).lower(),
+        etj_env.WEIGHT_DECAY: opt.weight_decay,
+        etj_env.NO_WD_NORM_BIAS: str(opt.no_weight_decay_on_norm_and_bias).lower(),
+        etj_env.LABEL_SMOOTHING: opt.label_smoothing,
+        etj_env.LR_SCHEDULE: sched.type.value,
+        etj_env.WARMUP_EPOCHS: sched.warmup_epochs,
+        etj_env.LR_MILESTONES: ",".join(f"{m:g}" for m in sched.milestones),
+        etj_env.LR_GAMMA: sched.gamma,
+        etj_env.LR_POWER: sched.power,
+        etj_env.LR_FINAL_FRACTION: sched.final_lr_fraction,
+        etj_env.PRECISION: training.precision.value,
+        etj_env.AUGMENT: aug.type.value,
+        etj_env.MIN_CROP_SCALE: aug.min_crop_scale,
+        etj_env.VAL_RESIZE: aug.validation_resize or 0,  # 0: the training image size
+    }
+
+
 def worker_env(
     spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, pod: str
 ) -> list[dict[str, Any]]:
@@ -188,6 +212,7 @@ def worker_env(
         etj_env.CHECKPOINT_DIR: spec.checkpoint.location,
         etj_env.CHECKPOINT_INTERVAL_STEPS: spec.checkpoint.interval_steps,
         etj_env.PROGRESS_URL: f"http://{host}:{PROGRESS_PORT}/progress",
+        **recipe_env(training),
     }
     # Every variable the contract says the operator sets, in its order (a KeyError here: one is missing).
     env: list[dict[str, Any]] = [{"name": v.name, "value": str(values[v])} for v in etj_env.OPERATOR_SET]
