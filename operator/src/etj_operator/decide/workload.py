@@ -2,6 +2,10 @@
 
 Pure functions returning plain dicts (what the API accepts), so unit tests can check the pod contract
 (docs/contract.md) and Pod Security "restricted" without a cluster.
+
+Why one module over ~400 lines: the worker pod, the store pod and their Service share the placement,
+toleration and security pieces below; what would split off cleanly (the recipe's env) is already a short
+table over ``etj_contract.env``.
 """
 
 from __future__ import annotations
