@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from bench.spot_replay import parse_args, replay
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+REPO = Path(__file__).resolve().parents[2]
 
 # 5-minute ticks; at x30 a tick is 10 s: two spot nodes; one goes at 30 s (training has started by then)
 # for two ticks, then both are back.
@@ -22,6 +24,12 @@ def report(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     base = tmp_path_factory.mktemp("replay")
     trace = base / "synthetic.json"
     trace.write_text(json.dumps(TRACE))
+    # A floor under the training time: the drop at 30 s must land while the job trains (on a lightly
+    # loaded machine the 2 epochs used to finish first and no interruption happened).
+    job = yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())
+    job["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": "0.8"})
+    manifest = base / "job.yaml"
+    manifest.write_text(yaml.safe_dump(job))
     args = parse_args(
         [
             str(trace),
@@ -31,6 +39,7 @@ def report(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
             "--epochs=2",
             "--start=0",
             "--arm-timeout=400",
+            f"--manifest={manifest}",
             f"--out={base / 'replay.json'}",
         ]
     )

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = E2EConfig.from_env()
 EPOCHS = CONFIG.epochs  # long enough for an interruption and a return
 ACCURACY_POINTS = 0.5
+MIN_STEP_SECONDS = 0.5  # ~90 steps after the interruption: >= 45 s for the joiner to arrive
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,10 @@ def _manifest(**replicas: int) -> dict[str, Any]:
     job = copy.deepcopy(job)
     job["spec"]["training"]["epochs"] = EPOCHS
     job["spec"]["replicas"].update(replicas)
+    # A floor under the training time, whatever the machine's speed: the scale-up after the interruption
+    # must complete before training ends (a clean-clone run beside another test run finished its ~90 steps
+    # after the interruption in 15 s, before the joiner's world formed, and the scale-up had no pause).
+    job["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": str(MIN_STEP_SECONDS)})
     return job
 
 
