@@ -324,7 +324,8 @@ def test_installed_operator_reconciles_the_example_job(release: Release) -> None
     series = f'etj_operator_current_workers{{job="{JOB}",namespace="{release.namespace}"}} {float(want)}'
     assert series in release.metrics(operator)
     log = release.operator_log(operator)
-    assert "Forbidden" not in log and "403" not in log, log[-4000:]
+    # 403 as a number of its own: the log names random ports (a clean-clone run failed on port 34033)
+    assert "Forbidden" not in log and not re.search(r"\b403\b", log), log[-4000:]
 
 
 # (verb, resource, namespace or None for --all-namespaces / cluster scope, expected answer)
