@@ -149,8 +149,6 @@ class ProgressDoc:
         values["finished"] = raw.get("finished") is True
         return cls(**values)
 
-    def with_resize(self, record: ResizeRecord) -> ProgressDoc:
-        return replace(self, resizes=(*self.resizes, record)[-MAX_RESIZES:])
 
 
 def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from etj_contract.progress import ProgressDoc, ResizeRecord
+from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_trainer import recipe, regroup
 from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore
@@ -462,7 +462,9 @@ def _record_resize(st: State, w: World, loop: Loop) -> None:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "from": loop.prev_world,
             "to": w.size,
-            "reason": "scale-up" if w.size > (loop.prev_world or 0) else "scale-down",
+            "reason": str(
+                TrainerResize.SCALE_UP if w.size > (loop.prev_world or 0) else TrainerResize.SCALE_DOWN
+            ),
             "pauseSeconds": round(time.time() - float(st.meta.get("last_step_time", time.time())), 3),
             "stepsLost": lost,
         },

@@ -351,7 +351,7 @@ def _finish(workers: Sequence[PodInfo], active: Sequence[PodInfo], obs: Observed
     once that report is read, or after ``obs.final_report_grace`` without it (with a Warning).
     """
     reported = bool(obs.progress and obs.progress.get("finished"))
-    exited = [p for p in workers if p.phase == "Succeeded" and not p.terminating]
+    exited = [p for p in workers if p.exited_ok]
     if not exited:
         # Every worker gone after a finished report (pods deleted before we saw them exit) is done too.
         return _Finish(done=reported and not any(p.running for p in active))

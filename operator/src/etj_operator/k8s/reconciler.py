@@ -293,7 +293,7 @@ class JobRunner:
         return (
             self.settings.progress_seconds > 0
             and not (self.progress or {}).get("finished")
-            and any(p.role == ROLE_WORKER and p.phase == "Succeeded" and not p.terminating for p in pods)
+            and any(p.role == ROLE_WORKER and p.exited_ok for p in pods)
         )
 
 

@@ -40,6 +40,11 @@ class PodInfo:
         return not self.terminating and self.phase not in TERMINAL_PHASES
 
     @property
+    def exited_ok(self) -> bool:
+        """Exited 0 by itself (not a pod we are deleting): for a worker, training has finished."""
+        return self.phase == "Succeeded" and not self.terminating
+
+    @property
     def running(self) -> bool:
         return self.active and self.phase == "Running"
 
