@@ -23,6 +23,9 @@ from enum import StrEnum
 from typing import Any, TypeGuard
 
 PROGRESS_PATH = "/progress"
+# How long a finishing rank 0 retries its final report; the operator waits longer than this for it before
+# marking the job Succeeded without it (planner.FINAL_REPORT_GRACE).
+FINAL_REPORT_DEADLINE_S = 60.0
 MAX_RESIZES = 100  # a trainer's history is bounded: the operator keeps fewer (status.resizeHistory) anyway
 
 
@@ -150,7 +153,6 @@ class ProgressDoc:
         return cls(**values)
 
 
-
 def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:
     """What the store keeps after ``incoming`` arrives on top of ``stored``.
 
@@ -183,4 +185,12 @@ def _nonneg_number(value: object) -> TypeGuard[int | float]:
     return _finite_number(value) and value >= 0
 
 
-__all__ = ["MAX_RESIZES", "PROGRESS_PATH", "ProgressDoc", "ResizeRecord", "TrainerResize", "merge"]
+__all__ = [
+    "FINAL_REPORT_DEADLINE_S",
+    "MAX_RESIZES",
+    "PROGRESS_PATH",
+    "ProgressDoc",
+    "ResizeRecord",
+    "TrainerResize",
+    "merge",
+]

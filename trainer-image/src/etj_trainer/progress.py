@@ -16,11 +16,9 @@ import time
 import urllib.request
 from typing import Any
 
-log = logging.getLogger(__name__)
+from etj_contract.progress import FINAL_REPORT_DEADLINE_S
 
-# How long a finishing rank 0 keeps retrying its final report: well inside the pod's grace period and the
-# operator's wait for it (planner.FINAL_REPORT_GRACE).
-FINAL_REPORT_DEADLINE_S = 60.0
+log = logging.getLogger(__name__)
 
 
 def post_json(url: str, payload: dict[str, Any], timeout: float = 2.0) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from etj_contract.progress import FINAL_REPORT_DEADLINE_S
 from etj_operator.api.models import (
     CapacityType,
     ElasticTrainingJobSpec,
@@ -35,7 +36,7 @@ NOT_READY_GRACE = timedelta(seconds=60)
 # before it exits: etj_trainer.progress), and the operator re-reads the store at once when it sees them
 # (reconciler.py). Until that report is in status the store is kept and the job is not Succeeded, for at most
 # this long: the accuracy and last resizes live in that report only.
-FINAL_REPORT_GRACE = timedelta(seconds=90)
+FINAL_REPORT_GRACE = timedelta(seconds=FINAL_REPORT_DEADLINE_S + 30)
 
 
 @dataclass(frozen=True)
