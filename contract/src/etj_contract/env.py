@@ -231,8 +231,14 @@ MIN_STEP_SECONDS = _var(
 LOCAL_CHECKPOINT_DIR = _var(
     "LOCAL_CHECKPOINT_DIR",
     Path,
-    "fast per-step copy (default /dev/shm/etj-<job>-<rdzv id> on a worker)",
+    "node-local copy of the last step (default /dev/shm/etj-<job>-<rdzv id> on a worker)",
     field="local_checkpoint_dir",
+)
+LOCAL_SNAPSHOT_INTERVAL_S = _var(
+    "LOCAL_SNAPSHOT_INTERVAL_S",
+    float,
+    "seconds between background snapshots of the local copy (bounds the loss on a SIGKILL; default 60)",
+    field="local_snapshot_interval_s",
 )
 SAMPLE_LOG_DIR = _var(
     "SAMPLE_LOG_DIR", Path, "log each rank's sample ids per step", field="sample_log_dir", flag=True

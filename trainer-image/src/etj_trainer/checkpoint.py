@@ -6,6 +6,12 @@ name, and the directory fsynced -- so a reader sees either the old file or the c
 checksum catches what rename cannot (a truncated copy, bit rot, a file written by something else). Loading
 walks the checkpoints newest-first and returns the first one that verifies, so a corrupt or partial
 checkpoint is never loaded and the previous good one is.
+
+``StateWriter`` keeps checkpoints off the step's path: the node-local copy is written synchronously only
+when the process stops (a stop at a step boundary, the end, a failed collective), and otherwise as a
+periodic snapshot -- tensors copied to CPU memory at a step boundary, encoded and written by a background
+thread -- as is the shared copy on its step interval. A step pays nothing but, once per interval, one
+memory copy of the state.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ import logging
 import os
 import re
 import struct
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,3 +144,84 @@ class CheckpointStore:
         """Newest verified checkpoint across the local and the shared copy."""
         candidates = [c for d in (self.local_dir, self.shared_dir) if d is not None if (c := load_latest(d))]
         return max(candidates, key=lambda c: c.step, default=None)
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A copy of a state (nested dicts/lists/tuples) whose tensors are detached CPU copies (a snapshot that
+    training may go on mutating beside)."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return obj
+
+
+class StateWriter:
+    """Writes a ``CheckpointStore`` without making the steps wait.
+
+    ``background`` copies the state to CPU memory on the calling thread (the only cost a step sees: one
+    memory copy, once per interval) and encodes and writes it on a daemon thread; ``now`` writes
+    synchronously, after any write in flight so that files land in step order -- the stop, finish and
+    failure paths use it. ``local_due`` says when the periodic node-local snapshot is due: every
+    ``local_interval_s`` seconds, stretched so that snapshots take at most ``budget`` of the time (a slow
+    disk or a busy CPU makes them rarer, not the training slower). So a process killed without running an
+    exit path (SIGKILL) leaves a local copy at most ``max(local_interval_s, last snapshot's time /
+    budget)`` old, plus the step in progress.
+    """
+
+    def __init__(self, store: CheckpointStore, local_interval_s: float, budget: float = 0.01) -> None:
+        self.store = store
+        self.local_interval_s = local_interval_s
+        self.budget = budget
+        self._last_local = time.monotonic()
+        self._snapshot_s = 0.0  # wall time of the last background write, copy included
+        self._thread: threading.Thread | None = None
+        self.written: list[tuple[int, bool, bool]] = []  # (step, shared, local) in write order
+
+    def local_due(self) -> bool:
+        if self.store.local_dir is None or self.local_interval_s <= 0:
+            return False
+        interval = max(self.local_interval_s, self._snapshot_s / self.budget)
+        return time.monotonic() - self._last_local >= interval
+
+    def background(
+        self, make_state: Callable[[], dict[str, Any]], step: int, shared: bool, local: bool
+    ) -> None:
+        self.wait()
+        t0 = time.monotonic()
+        state = cpu_copy(make_state())
+        if local:
+            self._last_local = t0
+        self._thread = threading.Thread(
+            target=self._write_logged,
+            args=(state, step, shared, local, t0),
+            name="etj-state-writer",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def now(self, state: dict[str, Any], step: int, shared: bool, local: bool) -> None:
+        self.wait()
+        self._write(state, step, shared, local)
+        if local:
+            self._last_local = time.monotonic()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _write(self, state: dict[str, Any], step: int, shared: bool, local: bool) -> None:
+        if (shared and self.store.shared_dir is not None) or (local and self.store.local_dir is not None):
+            self.store.save(state, step, shared=shared, local=local)
+            self.written.append((step, shared, local))
+
+    def _write_logged(self, state: dict[str, Any], step: int, shared: bool, local: bool, t0: float) -> None:
+        try:
+            self._write(state, step, shared, local)
+        except Exception as e:  # a failed background write must not kill training; the next one may work
+            log.warning("checkpoint of step %d not written: %s", step, e)
+        self._snapshot_s = time.monotonic() - t0

@@ -50,7 +50,10 @@ class TrainConfig:
     sync_batchnorm: bool = False
     checkpoint_dir: Path | None = None
     checkpoint_interval_steps: int = 100
-    local_checkpoint_dir: Path | None = None  # fast copy, e.g. /dev/shm/etj-<job>; written every step
+    # node-local copy, e.g. /dev/shm/etj-<job>: written when the process stops, and snapshotted in the
+    # background every local_snapshot_interval_s (checkpoint.StateWriter)
+    local_checkpoint_dir: Path | None = None
+    local_snapshot_interval_s: float = 60.0
     progress_url: str = ""
     sample_log_dir: Path | None = None  # log each rank's sample ids per step (exactly-once checks)
     dtype: str = "float32"  # "float64" for bit-tight equivalence tests

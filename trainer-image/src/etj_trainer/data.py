@@ -132,6 +132,21 @@ def fashion_mnist_tensor_source(
     )
 
 
+def synthetic_images(
+    n: int, image_size: int, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` seeded random ``3 x S x S`` images and labels in 0..9 (benchmarks: the model's speed, no I/O)."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(n, 3, image_size, image_size, generator=g, dtype=torch.float32).to(dtype)
+    return images, torch.randint(0, 10, (n,), generator=g)
+
+
+def synthetic_tensor_source(
+    split: str, n: int, image_size: int, dtype: torch.dtype = torch.float32, augment: Augmenter | None = None
+) -> TensorSource:
+    return TensorSource(*synthetic_images(n, image_size, 0 if split == "train" else 1, dtype), augment)
+
+
 def digits_cache_dir() -> Path:
     return etj_env.DATA_CACHE.get(os.environ, Path("/tmp/etj-data")) / "digits"
 
@@ -166,7 +181,8 @@ def open_source(
     max_batch: int = 256,
     val_resize: int = 0,
 ) -> BatchSource:
-    """``digits-tensor`` | ``fashion-mnist-tensor`` | ``digits`` | a folder tree (``<class>/<file>.jpg``,
+    """``digits-tensor`` | ``fashion-mnist-tensor`` | ``synthetic-tensor[:N]`` (N random images of
+    ``image_size``, benchmarks) | ``digits`` | a folder tree (``<class>/<file>.jpg``,
     or its parent with ``train``/``val``) | a webdataset-style ``.tar``.
 
     ``augment`` applies to this split (pass it for training only); ``max_batch`` is the largest micro-batch
@@ -175,6 +191,9 @@ def open_source(
     """
     if spec == "digits-tensor":
         return digits_tensor_source(split, dtype, augment)
+    if spec.startswith("synthetic-tensor"):
+        _, _, n = spec.partition(":")
+        return synthetic_tensor_source(split, int(n or 1024), image_size, dtype, augment)
     if spec == "fashion-mnist-tensor":
         return fashion_mnist_tensor_source(split, dtype, augment)
     if spec == "digits":

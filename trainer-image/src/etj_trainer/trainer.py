@@ -3,11 +3,18 @@
 Per step: the elastic sampler gives the step's global indices; the LR schedule is evaluated at the samples
 seen (schedule.py) and composed with the Dynamic SGD multiplier; this rank takes its share, runs it in
 micro-batches (gradient accumulation under ``no_sync``, autocast/GradScaler per ``precision``), scales its
-summed loss so DDP's average is the global mean gradient (see batching.py), steps the optimizer, and then
-one small all-reduce carries the loss and a "stop" flag. The flag is how a SIGTERM on any rank becomes a
-clean stop of *every* rank at the same step boundary: the state is checkpointed (shared copy: just in time;
-local copy: every step), the rank that got the signal exits 0 and the others exit ``EXIT_RESIZE`` so their
-agents re-rendezvous at once -- or, for a graceful leave, the survivors re-form the world in process.
+summed loss so DDP's average is the global mean gradient (see batching.py); then one small all-reduce
+carries the loss and a "stop" flag, and only after it does the optimizer step. The flag is how a SIGTERM on
+any rank becomes a clean stop of *every* rank at the same step boundary: the state is checkpointed (shared
+and local copy, just in time), the rank that got the signal exits 0 and the others exit ``EXIT_RESIZE`` so
+their agents re-rendezvous at once -- or, for a graceful leave, the survivors re-form the world in process.
+
+That all-reduce is the step's commit point. Nothing a checkpoint holds changes before it except what a
+forward pass touches (BatchNorm buffers, the RNG), which is captured at the step's start (``_Undo``); so
+when a collective fails (a peer crashed) the state in memory is restored to the last committed step and
+written as the node-local copy on the way out: survivors lose at most the step in progress, without a
+per-step copy. A process killed outright (SIGKILL) runs no exit path; for that the local copy is also
+snapshotted in the background every ``local_snapshot_interval_s`` (checkpoint.StateWriter).
 
 Parts: ``World`` (who we are in this membership), ``State`` (what a step changes and a checkpoint holds),
 ``Loop`` (rate, loss, reporting, the pending resize entry); ``_build``/``_restore`` (start),
@@ -28,6 +35,7 @@ import json
 import logging
 import math
 import os
+import random
 import signal
 import time
 from collections.abc import Iterator
@@ -43,7 +51,7 @@ from torch import nn
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_trainer import recipe, regroup
 from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
-from etj_trainer.checkpoint import CheckpointStore
+from etj_trainer.checkpoint import CheckpointStore, StateWriter
 from etj_trainer.config import TrainConfig
 from etj_trainer.data import Augmenter, BatchSource, Micro, open_source
 from etj_trainer.dynamic_sgd import DynamicSGD
@@ -168,9 +176,11 @@ class State:
     scaler: torch.amp.GradScaler | None
     sampler: ElasticSampler
     ckpts: CheckpointStore
+    writer: StateWriter
     schedule: LrSchedule
     step: int = 0
     meta: dict[str, Any] = field(default_factory=lambda: {"resizes": [], "samples_seen": 0})
+    committed: bool = True  # the state in memory is the last committed step (False inside the commit)
 
     def running(self, cfg: TrainConfig) -> bool:
         return self.sampler.epoch < cfg.epochs and (cfg.max_steps <= 0 or self.step < cfg.max_steps)
@@ -260,7 +270,8 @@ def _build(cfg: TrainConfig, w: World, dataset_size: int, dtype: torch.dtype) ->
         opt=opt,
         scaler=recipe.grad_scaler(recipe.Precision(cfg.precision), w.device),
         sampler=ElasticSampler(dataset_size, cfg.seed),
-        ckpts=CheckpointStore(cfg.checkpoint_dir, cfg.local_checkpoint_dir),
+        ckpts=(ckpts := CheckpointStore(cfg.checkpoint_dir, cfg.local_checkpoint_dir)),
+        writer=StateWriter(ckpts, cfg.local_snapshot_interval_s),
         schedule=cfg.schedule(),
     )
 
@@ -308,12 +319,18 @@ def _run_membership(
     )
     regroup_to: regroup.Regroup | None = None
     ddp.train()
-    while st.running(cfg):
-        codes = _train_step(cfg, st, w, ddp, plan, loader, train_src.sample_shape, stop, samples_log, loop)
-        regroup_to, stop_now = _after_step(cfg, st, w, loop, codes)
-        if stop_now:
-            loop.stopped_early = regroup_to is None
-            break
+    try:
+        while st.running(cfg):
+            codes = _train_step(
+                cfg, st, w, ddp, plan, loader, train_src.sample_shape, stop, samples_log, loop
+            )
+            regroup_to, stop_now = _after_step(cfg, st, w, loop, codes)
+            if stop_now:
+                loop.stopped_early = regroup_to is None
+                break
+    except Exception:
+        _save_on_failure(st, w)
+        raise
     _close(loader)
     return regroup_to
 
@@ -338,39 +355,46 @@ def _train_step(
     # The schedule follows the samples seen, so a resize (any new world size) leaves it where it was.
     st.opt.set_schedule_factor(lr_factor(st.schedule, before, before + len(gidx) / n_data))
     lr = st.opt.lr
-    loss_sum = _accumulate(
-        cfg,
-        st,
-        w,
-        ddp,
-        loader,
-        micro_batch_sizes(len(mine), cfg.micro_batch_size),
-        scale=w.size / len(gidx),
-        sample_shape=sample_shape,
-    )
+    undo = _Undo.capture(st.model)
+    try:
+        loss_sum = _accumulate(
+            cfg,
+            st,
+            w,
+            ddp,
+            loader,
+            micro_batch_sizes(len(mine), cfg.micro_batch_size),
+            scale=w.size / len(gidx),
+            sample_shape=sample_shape,
+        )
+        if cfg.min_step_seconds > 0:
+            time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - loop.t_last)))
+        if samples_log:
+            # Logged before the all-reduce that commits the step: a rank killed right after that collective
+            # used to leave a committed step without its record (found by bench/chaos.py). A record of a
+            # step that never commits is harmless: the redo logs it again under a newer incarnation, and the
+            # checker keeps the newest.
+            samples_log.write(st.sampler.epoch, st.step + 1, w.size, mine, lr=lr)
+        # The commit: the loss and one stop-code slot per rank; after it every rank knows who stops.
+        stats = torch.zeros(1 + w.size, dtype=torch.float64)
+        stats[0] = loss_sum
+        stats[1 + w.rank] = float(stop.code)
+        if w.dist_on:
+            dist.all_reduce(stats)
+    except Exception:
+        undo.restore(st.model)  # back to the last committed step, for the failure path's local copy
+        raise
+    st.committed = False  # from here on only local work, which no peer's failure can interrupt
     if st.scaler is not None:
         st.scaler.step(st.opt)  # skips the step (and lowers the scale) on inf/nan gradients
         st.scaler.update()
     else:
         st.opt.step()
-    if cfg.min_step_seconds > 0:
-        time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - loop.t_last)))
-    if samples_log:
-        # Logged before the all-reduce that commits the step: a rank killed right after that collective
-        # used to leave a committed step without its record (found by bench/chaos.py). A record of a step
-        # that never commits is harmless: the redo logs it again under a newer incarnation, and the
-        # checker keeps the newest.
-        samples_log.write(st.sampler.epoch, st.step + 1, w.size, mine, lr=lr)
-    # The loss and one stop-code slot per rank: after this all-reduce every rank knows who stops.
-    stats = torch.zeros(1 + w.size, dtype=torch.float64)
-    stats[0] = loss_sum
-    stats[1 + w.rank] = float(stop.code)
-    if w.dist_on:
-        dist.all_reduce(stats)
     st.sampler.commit(len(gidx))
     st.step += 1
     st.meta["samples_seen"] = int(st.meta["samples_seen"]) + len(gidx)
     st.meta["lr"] = lr
+    st.committed = True
     loop.loss = float(stats[0]) / len(gidx)
     now = time.monotonic()
     inst = len(gidx) / max(now - loop.t_last, 1e-9)
@@ -420,10 +444,34 @@ def _accumulate(
     return loss_sum
 
 
+@dataclass
+class _Undo:
+    """What a step changes before its commit point: the module buffers a forward pass updates (BatchNorm
+    statistics, DDP's buffer broadcast) and the RNG. Small next to the parameters; captured every step."""
+
+    buffers: list[torch.Tensor]
+    rng: tuple[Any, Any, Any]
+
+    @classmethod
+    def capture(cls, model: nn.Module) -> _Undo:
+        return cls(
+            [b.detach().clone() for b in model.buffers()],
+            (torch.get_rng_state(), np.random.get_state(), random.getstate()),
+        )
+
+    def restore(self, model: nn.Module) -> None:
+        with torch.no_grad():
+            for b, saved in zip(model.buffers(), self.buffers, strict=True):
+                b.copy_(saved)
+        torch.set_rng_state(self.rng[0])
+        np.random.set_state(self.rng[1])
+        random.setstate(self.rng[2])
+
+
 def _after_step(
     cfg: TrainConfig, st: State, w: World, loop: Loop, codes: list[int]
 ) -> tuple[regroup.Regroup | None, bool]:
-    """Resize log, checkpoint (local every step; shared on interval or just in time), progress."""
+    """Resize log, checkpoint (just in time on a stop; in the background on intervals), progress."""
     if loop.resize_pending:
         _record_resize(st, w, loop)
     st.meta["last_step_time"] = time.time()
@@ -437,10 +485,16 @@ def _after_step(
         if decision.in_process and w.rank in decision.survivors:
             regroup_to = decision
     shared_due = cfg.checkpoint_interval_steps > 0 and st.step % cfg.checkpoint_interval_steps == 0
-    # Just-in-time shared copy when this rank stops; survivors of an in-process resize keep their state in
-    # memory (and the every-step local copy), so they skip it and go on at once.
+    # Just in time (synchronously) when this rank stops; survivors of an in-process resize keep their state
+    # in memory, so they skip it and go on at once. Otherwise in the background: the shared copy on its
+    # interval, the node-local one every local_snapshot_interval_s.
     jit = stop_now and regroup_to is None
-    _save(st, w, shared=shared_due or jit)
+    if jit:
+        _save(st, w, shared=True)
+    elif not stop_now:
+        shared, local = shared_due and w.rank == 0, w.local_rank == 0 and st.writer.local_due()
+        if shared or local:
+            st.writer.background(lambda: _state_dict(st, w), st.step, shared=shared, local=w.local_rank == 0)
     if shared_due or jit:
         st.meta["last_checkpoint"] = {"step": st.step, "path": str(cfg.checkpoint_dir), "time": time.time()}
     if w.rank == 0:
@@ -549,6 +603,23 @@ def _save(st: State, w: World, shared: bool) -> None:
     # its node-local copy (which is what survivors restore from).
     if w.local_rank != 0 and w.rank != 0:
         return
+    st.writer.now(_state_dict(st, w), st.step, shared=shared and w.rank == 0, local=w.local_rank == 0)
+
+
+def _save_on_failure(st: State, w: World) -> None:
+    """A step failed (a peer crashed mid-collective, or this rank is being killed): the node-local copy of
+    the last committed step, so this node's ranks restart from it rather than from an older snapshot."""
+    if w.local_rank != 0 or not st.committed:
+        return
+    try:
+        _save(st, w, shared=False)
+        print(f"etj: a step failed; wrote the local copy of step {st.step}", flush=True)
+    except Exception as e:  # the failure being raised is the one to report
+        log.warning("could not write the local copy after a failed step: %s", e)
+
+
+def _state_dict(st: State, w: World) -> dict[str, Any]:
+    """What a checkpoint holds (references to the live tensors: copy before training goes on)."""
     state = {
         "model": st.model.state_dict(),
         "optimizer": st.opt.state_dict(),
@@ -559,7 +630,7 @@ def _save(st: State, w: World, shared: bool) -> None:
     }
     if st.scaler is not None:
         state["scaler"] = st.scaler.state_dict()
-    st.ckpts.save(state, st.step, shared=shared and w.rank == 0, local=w.local_rank == 0)
+    return state
 
 
 def _progress(st: State, w: World, loop: Loop) -> dict[str, Any]:
