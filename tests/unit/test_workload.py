@@ -63,6 +63,14 @@ def test_worker_command_defaults_to_etj_train_worker() -> None:
     assert _pod()["spec"]["containers"][0]["command"] == ["etj-train", "worker"]
 
 
+def test_a_users_own_script_runs_under_the_workers_agent() -> None:
+    """`spec.trainer.args: [--script, PATH, ...]` keeps the agent (etj-train worker) and hands it the
+    script (docs/trainer.md, "Bring your own training loop")."""
+    args = ["--script", "/workspace/train.py", "--hidden", "64"]
+    container = _pod(trainer={"image": "t:1", "args": args})["spec"]["containers"][0]
+    assert container["command"] == ["etj-train", "worker"] and container["args"] == args
+
+
 @pytest.mark.parametrize("builder", ["worker", "store"])
 def test_restricted_pod_security(builder: str) -> None:
     pod = _pod() if builder == "worker" else rendezvous_pod(spec(), job="train", namespace="ml", uid="u")

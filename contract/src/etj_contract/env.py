@@ -240,6 +240,12 @@ LOCAL_SNAPSHOT_INTERVAL_S = _var(
     "seconds between background snapshots of the local copy (bounds the loss on a SIGKILL; default 60)",
     field="local_snapshot_interval_s",
 )
+SCRIPT = _var(
+    "SCRIPT",
+    str,
+    "your own training script and its arguments, a JSON list; workers run it instead of the built-in "
+    "trainer (set by etj-train worker|local --script)",
+)
 SAMPLE_LOG_DIR = _var(
     "SAMPLE_LOG_DIR", Path, "log each rank's sample ids per step", field="sample_log_dir", flag=True
 )

@@ -24,6 +24,7 @@ things torchrun cannot do from flags (which is why the agent is built here from 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing
 import os
@@ -145,26 +146,32 @@ class AgentConfig:
 
 
 def worker_entry() -> None:
-    """What each worker process runs (RANK, WORLD_SIZE, MASTER_* come from the agent)."""
+    """What each worker process runs (RANK, WORLD_SIZE, MASTER_* come from the agent): the built-in
+    trainer, or the script of ``ETJ_SCRIPT`` (a JSON argv) written on ``etj_trainer.elastic``."""
     from etj_trainer.lifetime import die_with_parent
 
     die_with_parent()  # first of all: a worker whose forkserver or agent is gone must not train on
     import torch
     import torch.distributed as dist
 
+    from etj_trainer import elastic
     from etj_trainer.config import TrainConfig
     from etj_trainer.regroup import collective_timeout
-    from etj_trainer.trainer import EXIT_RESIZE, StopFlag, train
+    from etj_trainer.trainer import EXIT_RESIZE, train
 
-    stop = StopFlag()
-    stop.install()  # a SIGTERM during start-up must still end in a checkpoint, not a crash
+    stop = elastic.StopFlag().install()  # a SIGTERM during start-up must still end in a checkpoint
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
-    cfg = TrainConfig.from_env()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, timeout=collective_timeout())
-    result = train(cfg, stop)
-    dist.destroy_process_group()
-    if result.stopped_early:
+    script = etj_env.SCRIPT.get(os.environ, "")
+    if script:
+        run_script(json.loads(script))
+    else:
+        train(TrainConfig.from_env(), stop)
+    job = elastic.last_job()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if job is not None and job.stopped_early:
         if not stop.requested:
             sys.exit(EXIT_RESIZE)  # a peer is leaving: fail fast so our agent re-rendezvouses now
         # We were told to stop (our agent is leaving or restarting us). Returning would block in torch's
@@ -173,6 +180,25 @@ def worker_entry() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def run_script(argv: list[str]) -> None:
+    """Run a user's training script as ``__main__`` with ``sys.argv = argv`` (``-m pkg.mod`` too)."""
+    import runpy
+
+    saved = sys.argv
+    try:
+        if argv[0] == "-m":
+            sys.argv = argv[1:]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise  # the script failed: so does the worker
+    finally:
+        sys.argv = saved
 
 
 def _leave_rendezvous(handler: Any) -> None:

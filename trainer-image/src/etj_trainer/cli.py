@@ -29,6 +29,28 @@ def _train_env(ns: argparse.Namespace) -> dict[str, str]:
     return {env: str(getattr(ns, k)) for k, env in TRAIN_FLAGS.items() if getattr(ns, k) is not None}
 
 
+def _add_script(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--script",
+        nargs=argparse.REMAINDER,
+        default=None,
+        metavar="PATH [ARGS]",
+        help="run your own training script (etj_trainer.elastic) instead of the built-in trainer; "
+        "everything after PATH goes to it (last option)",
+    )
+
+
+def _script_env(script: list[str] | None) -> dict[str, str]:
+    """``ETJ_SCRIPT`` for ``--script PATH ARGS``: the argv as a JSON list, the path made absolute."""
+    if not script:
+        return {}
+    import json
+    import os
+
+    path = script[0] if script[0] == "-m" else os.path.abspath(script[0])
+    return {etj_env.SCRIPT.name: json.dumps([path, *script[1:]])}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="etj-train")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -36,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--host", default="0.0.0.0")
     st.add_argument("--port", type=int, default=RDZV_PORT)
     st.add_argument("--http-port", type=int, default=PROGRESS_PORT)
-    sub.add_parser("worker", help="worker pod: elastic agent from the ETJ_* environment")
+    wk = sub.add_parser("worker", help="worker pod: elastic agent from the ETJ_* environment")
+    _add_script(wk)
     lo = sub.add_parser("local", help="run store + N agents on loopback, resizing on a schedule")
     lo.add_argument("--nodes", type=int, default=2)
     lo.add_argument("--max-nodes", type=int, default=0, help="rendezvous max (default: peak of the schedule)")
@@ -45,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     lo.add_argument("--log-dir", type=Path, default=Path("etj-local-logs"))
     _add_train_flags(lo)
+    _add_script(lo)
     tr = sub.add_parser("train", help="single process (or under your own torchrun)")
     _add_train_flags(tr)
     md = sub.add_parser("make-digits", help="write scikit-learn digits as JPEG folders + tar shards")
@@ -65,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         serve(ns.host, ns.port, ns.http_port)
         return 0
     if ns.cmd == "worker":
+        import os
+
         from etj_trainer.agent import main as worker_main
 
+        os.environ.update(_script_env(ns.script))  # inherited by the forkserver and its workers
         return worker_main()
     if ns.cmd == "local":
         from etj_trainer.local_launcher import main as local_main
@@ -76,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         for ev in parse_schedule(ns.schedule):
             n += ev.count if ev.action == "+" else -ev.count
             peak = max(peak, n)
-        env = {etj_env.MAX_WORKERS.name: str(ns.max_nodes or peak), **_train_env(ns)}
+        env = {
+            etj_env.MAX_WORKERS.name: str(ns.max_nodes or peak),
+            **_train_env(ns),
+            **_script_env(ns.script),
+        }
         return local_main(ns.nodes, ns.schedule, env, ns.log_dir)
     if ns.cmd == "train":
         import os

@@ -214,12 +214,16 @@ class TrainerSpec(ApiModel):
     )
     command: Annotated[list[Arg], Field(min_length=1, max_length=32)] = Field(
         default_factory=lambda: list(DEFAULT_COMMAND),
-        description="Entrypoint of the worker container; defaults to etj-train worker.",
+        description="Entrypoint of the worker container; defaults to etj-train worker, the elastic agent "
+        "that runs the training (the built-in trainer, or your own script: see args).",
         json_schema_extra={"default": [*DEFAULT_COMMAND]},
     )
     args: Annotated[list[Arg], Field(max_length=64)] = Field(
         default_factory=list,
-        description="Arguments appended to command (e.g. model, dataset, learning rate).",
+        description="Arguments appended to command. With the default command, "
+        "[\"--script\", \"/workspace/train.py\", ...] runs your own training script (written on "
+        "etj_trainer.elastic, in the image or on a volume) on every rank instead of the built-in trainer; "
+        "everything after the script's path goes to it.",
     )
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
         default_factory=list,

@@ -1,0 +1,683 @@
+"""Bring your own training loop: the public API a plain PyTorch script uses to train under etj.
+
+    import torch.nn.functional as F
+    from etj_trainer import elastic
+
+    with elastic.Job(dataset_size=len(train_set), global_batch_size=256) as job:
+        model = job.setup_model(Net())                     # to job.device; DDP per membership; checkpointed
+        opt = job.setup_optimizer(elastic.DynamicSGD(model.parameters(), lr=0.1, ramp_steps=100))
+        for step in job.steps():                           # restores, then one Step per global step
+            for micro in step.micro_batches():             # this rank's share, in micro-batches
+                x, y = load(train_set, micro.ids)          # the dataset indices to train on
+                step.backward(F.cross_entropy(model(x), y, reduction="sum"))
+            step.optimizer_step()                          # commit, optimizer step, checkpoints, progress
+
+What etj guarantees for such a loop (the built-in trainer, ``trainer.py``, is one such loop):
+
+* **Fixed global batch**: each step's ``global_batch_size`` indices are split over the ranks of the moment
+  (uneven shares allowed) and into micro-batches of at most ``micro_batch_size``; gradients are synced
+  once, on the last micro-batch. ``step.backward`` takes the micro-batch's *summed* loss and weights it so
+  that the all-reduced gradient is the mean over the global batch, whatever the split (batching.py).
+* **Exactly-once sampling** of ``range(dataset_size)``: a ``(seed, epoch)`` permutation read from one
+  global position, which checkpoints and resizes carry over (sampler.py).
+* **Dynamic SGD**: with ``resizePolicy: DynamicSGD`` the optimizer must be ``elastic.DynamicSGD``; its LR
+  multiplier follows the world size. The config's LR schedule (``spec.training``) is applied to it too.
+* **Checkpoints** of everything registered (``setup_model``, ``setup_optimizer``, ``register``) plus the
+  sampler, the step and the RNG: a shared copy every ``checkpoint_interval_steps`` (written in the
+  background) and just in time when a pod leaves; a node-local copy when the process stops and as a
+  background snapshot (checkpoint.StateWriter). On start the world restores the newest copy any rank has.
+* **Resizes at step boundaries**: a graceful leave re-forms the world in process (the next step simply
+  runs on fewer ranks); a join or a crash restarts the processes, which resume from the local copy.
+* **Progress** to the operator (step, loss, rate, batch, LR, resizes, checkpoints) from rank 0.
+
+The step's commit point is its last collective (the loss and every rank's stop code), *before* the
+optimizer step: until then nothing a checkpoint holds has changed except what a forward pass touches
+(buffers, the RNG), which each step records at its start. So when a collective fails under the calls
+above, the state goes back to the last committed step and is written as the node-local copy on the way
+out: survivors of a crash lose at most the step in progress.
+
+Why one module over ~400 lines: ``Job``, ``Step`` and ``ElasticModule`` share the job's state and are read
+in order as one loop; each function is short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from etj_contract import env as etj_env
+from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
+from etj_trainer import regroup
+from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
+from etj_trainer.checkpoint import CheckpointStore, StateWriter
+from etj_trainer.config import TrainConfig
+from etj_trainer.data import Micro
+from etj_trainer.dynamic_sgd import DynamicSGD
+from etj_trainer.progress import ProgressReporter, get_json
+from etj_trainer.sample_log import SampleLog
+from etj_trainer.sampler import ElasticSampler
+from etj_trainer.schedule import lr_factor, position
+from etj_trainer.state_sync import agree_on_checkpoint, capture_rng, restore_rng
+
+__all__ = ["DynamicSGD", "ElasticModule", "Job", "Membership", "Micro", "Step", "StopFlag", "TrainConfig"]
+
+log = logging.getLogger(__name__)
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
+
+
+class StopFlag:
+    """Set by SIGTERM; acted on at the next step boundary (never mid-step).
+
+    ``code`` says why (see regroup.py): the pod is leaving, or our agent is restarting us because a node
+    joins -- the agent writes that into ETJ_AGENT_STATE_FILE before it signals.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.code = regroup.StopCode.RUN
+
+    def request(self, code: regroup.StopCode = regroup.StopCode.LEAVING) -> None:
+        self.requested = True
+        self.code = code
+
+    def install(self) -> StopFlag:
+        global _installed
+
+        def handler(signum: int, _frame: object) -> None:
+            restarting = regroup.agent_is_restarting()
+            self.request(regroup.StopCode.RESTARTING if restarting else regroup.StopCode.LEAVING)
+
+        signal.signal(signal.SIGTERM, handler)
+        _installed = self
+        return self
+
+
+_installed: StopFlag | None = None  # the flag SIGTERM sets in this process (etj-train worker installs it)
+_last_job: Job | None = None  # the last Job of this process: etj-train worker picks its exit code from it
+
+
+def last_job() -> Job | None:
+    return _last_job
+
+
+@dataclass
+class World:
+    """This process's place in the current membership of the world."""
+
+    dist_on: bool
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: torch.device
+
+    @classmethod
+    def current(cls) -> World:
+        dist_on = dist.is_available() and dist.is_initialized()
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        return cls(
+            dist_on=dist_on,
+            rank=dist.get_rank() if dist_on else 0,
+            size=dist.get_world_size() if dist_on else 1,
+            local_rank=local_rank,
+            local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            device=torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu"),
+        )
+
+
+@dataclass
+class Membership:
+    """One membership of the world: fixed ranks, batch plan and DDP wrapper until the next resize."""
+
+    world: World
+    plan: BatchPlan
+    incarnation: float  # a world-wide id (rank 0's clock): tags sample-log lines and regroup keys
+    job: Job
+
+    def upcoming(self) -> Iterator[Micro]:
+        """Every micro-batch this rank will train on in this membership, in order (for prefetching
+        loaders; a resize starts a new membership and with it a new stream)."""
+        job, cfg = self.job, self.job.config
+        sim = ElasticSampler(job.sampler.dataset_size, job.sampler.seed, job.sampler.shuffle)
+        sim.load_state_dict(job.sampler.state_dict())
+        step = job.step
+        while sim.epoch < cfg.epochs and (cfg.max_steps <= 0 or step < cfg.max_steps):
+            gidx = sim.next_global_batch(self.plan.global_batch)
+            mine = ElasticSampler.rank_slice(gidx, self.world.size, self.world.rank)
+            start = 0
+            for n in micro_batch_sizes(len(mine), cfg.micro_batch_size):
+                yield Micro(sim.epoch, mine[start : start + n])
+                start += n
+            sim.commit(len(gidx))
+            step += 1
+
+
+class ElasticModule(nn.Module):
+    """The user's module, trained through the DDP wrapper of the current membership.
+
+    Training forwards (grad enabled, ``train()`` mode) go through DDP; evaluation calls the module itself
+    (no collective, so rank 0 may evaluate alone). ``state_dict`` is the module's own (no ``module.``).
+    """
+
+    def __init__(self, module: nn.Module, job: Job) -> None:
+        super().__init__()
+        self.module = module
+        self._job = [job]  # in a list: not a submodule, not part of the state
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        job = self._job[0]
+        if not (self.training and torch.is_grad_enabled()) or job.ddp is None:
+            return self.module(*args, **kwargs)
+        with job.guard():  # DDP broadcasts buffers here: a collective
+            return job.ddp(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+@dataclass
+class _Undo:
+    """What a step changes before its commit point: the module buffers a forward pass updates (BatchNorm
+    statistics, DDP's buffer broadcast) and the RNG. Small next to the parameters; captured every step."""
+
+    buffers: list[torch.Tensor]
+    rng: tuple[Any, Any, Any]
+
+    @classmethod
+    def capture(cls, model: nn.Module | None) -> _Undo:
+        return cls(
+            [b.detach().clone() for b in model.buffers()] if model is not None else [],
+            (torch.get_rng_state(), np.random.get_state(), random.getstate()),
+        )
+
+    def restore(self, model: nn.Module | None) -> None:
+        if model is not None:
+            with torch.no_grad():
+                for b, saved in zip(model.buffers(), self.buffers, strict=True):
+                    b.copy_(saved)
+        torch.set_rng_state(self.rng[0])
+        np.random.set_state(self.rng[1])
+        random.setstate(self.rng[2])
+
+
+class Step:
+    """One global step: this rank's share of the step's indices, in micro-batches."""
+
+    def __init__(self, job: Job, membership: Membership) -> None:
+        self.job = job
+        self.membership = membership
+        self.number = job.step + 1  # 1-based: the step this trains
+        sampler = job.sampler
+        self.epoch = sampler.epoch
+        self.indices = sampler.next_global_batch(membership.plan.global_batch)  # the whole world's
+        self.ids = ElasticSampler.rank_slice(self.indices, membership.world.size, membership.world.rank)
+        n = sampler.dataset_size
+        before = position(sampler.epoch, sampler.state.consumed, n)
+        self.position = (before, before + len(self.indices) / n)  # epochs, before and after this step
+        if isinstance(job.optimizer, DynamicSGD):
+            # The schedule follows the samples seen, so a resize (any new world size) leaves it in place.
+            job.optimizer.set_schedule_factor(lr_factor(job.schedule, *self.position))
+        self.lr = _lr(job.optimizer)
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self._scale = membership.world.size / len(self.indices)
+        self._undo = _Undo.capture(job.model.module if job.model is not None else None)
+        self.committed = False
+        if job.optimizer is not None:
+            job.optimizer.zero_grad(set_to_none=False)
+
+    def micro_batches(self) -> Iterator[Micro]:
+        """This rank's share in micro-batches; DDP syncs gradients only in the last one's backward.
+
+        A rank whose share is empty (an epoch's last, short step) gets one empty micro-batch: run it anyway
+        (an empty forward and backward), every rank must take part in the gradient all-reduce.
+        """
+        ddp = self.job.ddp
+        sizes = micro_batch_sizes(len(self.ids), self.job.config.micro_batch_size) or [0]
+        start = 0
+        for i, n in enumerate(sizes):
+            last = i == len(sizes) - 1
+            with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # type: ignore[operator]
+                yield Micro(self.epoch, self.ids[start : start + n])
+            start += n
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a micro-batch's *summed* loss, weighted so DDP's average is the global mean."""
+        scaled = loss * self._scale
+        scaler = self.job.scaler
+        with self.job.guard():  # the last micro-batch's backward all-reduces the gradients
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        self.loss_sum += loss.detach().double().cpu()
+
+    def optimizer_step(self) -> None:
+        """Commit the step (one all-reduce: the loss and every rank's stop code), then the optimizer step."""
+        job, w = self.job, self.membership.world
+        cfg = job.config
+        with job.guard():
+            if cfg.min_step_seconds > 0:
+                time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - job._t_last)))
+            if job._samples_log is not None:
+                # Logged before the commit: a rank killed right after it used to leave a committed step
+                # without its record (bench/chaos.py). A record of a step that never commits is harmless:
+                # the redo logs it again under a newer incarnation, and the checker keeps the newest.
+                job._samples_log.write(self.epoch, self.number, w.size, self.ids, lr=self.lr)
+            stats = torch.zeros(1 + w.size, dtype=torch.float64)
+            stats[0] = self.loss_sum
+            stats[1 + w.rank] = float(job.stop.code)
+            if w.dist_on:
+                dist.all_reduce(stats)
+        job._commit(self, float(stats[0]) / len(self.indices), [int(c) for c in stats[1:].round().tolist()])
+
+
+def _lr(opt: torch.optim.Optimizer | None) -> float:
+    if isinstance(opt, DynamicSGD):
+        return opt.lr
+    return float(opt.param_groups[0]["lr"]) if opt is not None else math.nan
+
+
+class Job:
+    """The world, the config, the registered state and the loop's bookkeeping; see the module docstring.
+
+    ``config``: a ``TrainConfig`` (default: from the ``ETJ_*`` environment the operator or ``etj-train
+    local`` sets); ``defaults``: config fields for what the environment does not set (e.g.
+    ``global_batch_size=256`` in a script that also runs outside etj).
+    """
+
+    def __init__(
+        self,
+        dataset_size: int,
+        config: TrainConfig | None = None,
+        *,
+        stop: StopFlag | None = None,
+        **defaults: Any,
+    ) -> None:
+        global _last_job
+        self.t_start = time.monotonic()
+        self.config = cfg = config if config is not None else _config_from_env(defaults)
+        if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend, timeout=regroup.collective_timeout())
+        self.world = World.current()
+        self.stop = stop or _installed or StopFlag().install()
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before any restore
+        self.sampler = ElasticSampler(dataset_size, cfg.seed)
+        self.ckpts = CheckpointStore(cfg.checkpoint_dir, cfg.local_checkpoint_dir)
+        self.writer = StateWriter(self.ckpts, cfg.local_snapshot_interval_s)
+        self.schedule = cfg.schedule()
+        self.step = 0
+        self.meta: dict[str, Any] = {"resizes": [], "samples_seen": 0}
+        self.model: ElasticModule | None = None
+        self.ddp: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        self.extra: dict[str, Stateful] = {}
+        self.membership: Membership | None = None
+        self.stopped_early = False  # stopped by a SIGTERM somewhere in the world
+        self.survivors_go_on = False  # this rank leaves and the others re-form the world without it
+        self.loss = math.nan
+        self.rate = 0.0
+        self.finished = False
+        self._committed = True  # the state in memory is the last committed step
+        self._current: Step | None = None
+        self._failure_handled = False
+        self._samples_log: SampleLog | None = None
+        self._t_last = time.monotonic()
+        self._codes: list[int] = []
+        _last_job = self
+
+    # ---- registering state ---------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.world.device
+
+    def setup_model(self, module: nn.Module) -> ElasticModule:
+        """Move ``module`` to the job's device; returns the module to train with (and checkpoint)."""
+        module = module.to(self.device)
+        if self.config.sync_batchnorm and self.world.dist_on:
+            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        self.model = ElasticModule(module, self)
+        return self.model
+
+    def setup_optimizer(
+        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None
+    ) -> torch.optim.Optimizer:
+        """Register the optimizer (and an fp16 GradScaler, which ``Step`` then applies)."""
+        if ResizePolicy(self.config.resize_policy) == ResizePolicy.DYNAMIC_SGD and not isinstance(
+            optimizer, DynamicSGD
+        ):
+            raise TypeError("resizePolicy DynamicSGD needs an etj_trainer.elastic.DynamicSGD optimizer")
+        self.optimizer, self.scaler = optimizer, scaler
+        return optimizer
+
+    def register(self, name: str, obj: Stateful) -> None:
+        """Checkpoint ``obj`` (anything with ``state_dict``/``load_state_dict``: an LR scheduler, an EMA)."""
+        if name in ("model", "optimizer", "scaler", "sampler", "step", "rng", "meta"):
+            raise ValueError(f"{name!r} is taken by etj's own state")
+        self.extra[name] = obj
+
+    # ---- the loop --------------------------------------------------------------------------------------
+
+    def steps(self) -> Iterator[Step]:
+        """Restore, then yield one ``Step`` per global step until the epochs/max steps are done or the world
+        stops (``stopped_early``); a graceful leave re-forms the world between two steps."""
+        if self.model is None or self.optimizer is None:
+            raise RuntimeError("call setup_model() and setup_optimizer() before steps()")
+        self._start()
+        while True:  # one pass per membership of the world
+            m = self.membership = self._begin_membership()
+            regroup_to = None
+            while self.running:
+                step = self._current = Step(self, m)
+                yield step
+                if not step.committed:
+                    raise RuntimeError("call step.optimizer_step() once in every step")
+                regroup_to, stop_now = self.boundary()
+                if stop_now:
+                    self.stopped_early = regroup_to is None
+                    break
+            if regroup_to is None:
+                return
+            self._regroup(regroup_to)
+
+    @property
+    def running(self) -> bool:
+        cfg = self.config
+        return self.sampler.epoch < cfg.epochs and (cfg.max_steps <= 0 or self.step < cfg.max_steps)
+
+    def finish(self, **metrics: Any) -> None:
+        """Final checkpoint and the final report (with ``metrics``, e.g. ``accuracy``); then the world's
+        last barrier. After a stop (``stopped_early``) it only closes the job. Called by ``with`` too."""
+        if self.finished:
+            return
+        self.finished = True
+        w = self.world
+        self.writer.wait()
+        if not self.stopped_early and self.membership is not None:
+            self._save(shared=True)
+            if w.rank == 0:
+                payload = self._progress()
+                payload.update(finished=True, **metrics)
+                # Synchronous and retried: the operator marks the job Succeeded from this report.
+                self._reporter.finish(payload)
+                result = {"step": self.step, "loss": self.loss, "worldSize": w.size, **metrics}
+                print("ETJ_RESULT " + json.dumps(result), flush=True)
+        if self.membership is not None:
+            self._reporter.close()
+        if w.dist_on and not self.survivors_go_on and dist.is_initialized():
+            dist.barrier()  # the survivors of an in-process resize have left this group already
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            self.on_failure()
+        else:
+            self.finish()
+
+    # ---- failures ----------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Around every collective of a step: a failure writes the last committed step's local copy."""
+        try:
+            yield
+        except Exception:
+            self.on_failure()
+            raise
+
+    def on_failure(self) -> None:
+        """A step failed (a peer crashed mid-collective, or this rank is being stopped): roll back what
+        the step changed and write the node-local copy, so this node restarts from the last commit."""
+        if self._failure_handled or not self._committed:
+            return
+        self._failure_handled = True
+        if self._current is not None and not self._current.committed:
+            self._current._undo.restore(self.model.module if self.model is not None else None)
+        if self.world.local_rank != 0 or self.membership is None:
+            return
+        try:
+            self.writer.now(self.state_dict(), self.step, shared=False, local=True)
+            print(f"etj: a step failed; wrote the local copy of step {self.step}", flush=True)
+        except Exception as e:  # the failure being raised is the one to report
+            log.warning("could not write the local copy after a failed step: %s", e)
+
+    # ---- state ---------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds (references to the live tensors: copy before training goes on)."""
+        assert self.model is not None and self.optimizer is not None
+        state: dict[str, Any] = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "step": self.step,
+            "rng": capture_rng(),
+            "meta": {**self.meta, "world_size": self.world.size},
+        }
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        state.update({k: v.state_dict() for k, v in self.extra.items()})
+        return state
+
+    def _restore(self) -> int | None:
+        """Load the world's newest checkpoint (every rank offers its own); returns the rank it came from."""
+        state, src = agree_on_checkpoint(self.ckpts, self.world.rank, self.world.size)
+        if state is None:
+            return None
+        assert self.model is not None and self.optimizer is not None
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+        for k, v in self.extra.items():
+            if k in state:
+                v.load_state_dict(state[k])
+        self.sampler.load_state_dict(state["sampler"])
+        restore_rng(state["rng"])
+        self.step, self.meta = int(state["step"]), dict(state["meta"])
+        return src
+
+    def _save(self, shared: bool) -> None:
+        # Every rank holds the same state after a step; rank 0 writes the shared copy, each node's local
+        # rank 0 its node-local copy (which is what survivors restore from).
+        w = self.world
+        if w.local_rank != 0 and w.rank != 0:
+            return
+        self.writer.now(self.state_dict(), self.step, shared=shared and w.rank == 0, local=w.local_rank == 0)
+
+    # ---- internals: start, membership, commit, boundary, regroup, progress ----------------------------
+
+    def _start(self) -> None:
+        w = self.world
+        t_restore = time.monotonic()
+        src = self._restore()
+        if w.rank == 0:
+            # Where a (re)start spends its time: part of every restart-based resize pause.
+            print(
+                f"etj: rank 0 of {w.size} ready at step {self.step} "
+                f"in {time.monotonic() - self.t_start:.2f} s "
+                f"(restore {time.monotonic() - t_restore:.2f} s"
+                + (f" from rank {src})" if src is not None else ", nothing to restore)"),
+                flush=True,
+            )
+        self._prev_world = int(self.meta["world_size"]) if "world_size" in self.meta else None
+        self._restored_step = self.step
+        self._resize_pending = self._prev_world is not None and self._prev_world != w.size
+        self._reporter = ProgressReporter(self.config.progress_url if w.rank == 0 else "")
+        self._last_reported_step: object = None
+        if w.rank == 0 and self._prev_world is not None and self.config.progress_url:
+            self._last_reported_step = (get_json(self.config.progress_url) or {}).get("step")
+
+    def _begin_membership(self) -> Membership:
+        w, cfg = self.world, self.config
+        assert self.model is not None
+        self.ddp = None
+        if w.dist_on:
+            self.ddp = nn.parallel.DistributedDataParallel(
+                self.model.module, device_ids=[w.local_rank] if w.device.type == "cuda" else None
+            )
+        policy = ResizePolicy(cfg.resize_policy)
+        plan = plan_step(policy, cfg.global_batch_size, cfg.micro_batch_size, w.size, cfg.min_workers)
+        if policy == ResizePolicy.DYNAMIC_SGD:
+            assert isinstance(self.optimizer, DynamicSGD)
+            self.optimizer.set_target(plan.lr_target)  # ramps from the multiplier in force to this world's
+        inc = _incarnation(w.dist_on)
+        self._samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
+        self.model.train()
+        return Membership(world=w, plan=plan, incarnation=inc, job=self)
+
+    def _commit(self, step: Step, loss: float, codes: list[int]) -> None:
+        """After the commit all-reduce: only local work, which no peer's failure can interrupt."""
+        assert self.optimizer is not None
+        self._committed = False
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips the step (and lowers the scale) on inf/nan gradients
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.sampler.commit(len(step.indices))
+        self.step += 1
+        self.meta["samples_seen"] = int(self.meta["samples_seen"]) + len(step.indices)
+        self.meta["lr"] = step.lr
+        self._committed = step.committed = True
+        self.loss, self._codes = loss, codes
+        now = time.monotonic()
+        inst = len(step.indices) / max(now - self._t_last, 1e-9)
+        self.rate = 0.8 * self.rate + 0.2 * inst if self.rate else inst
+        self._t_last = now
+
+    def boundary(self) -> tuple[regroup.Regroup | None, bool]:
+        """The step boundary: resize record, who stops, checkpoints, progress. Returns (where the
+        survivors regroup to, whether this membership ends here)."""
+        w, cfg = self.world, self.config
+        if self._resize_pending:
+            self._record_resize()
+        self.meta["last_step_time"] = time.time()
+        stop_now = any(self._codes)
+        regroup_to = None
+        if stop_now:
+            decision = regroup.decide(
+                self._codes, cfg.min_workers * w.local_size, w.dist_on and regroup.enabled_from_env()
+            )
+            self.survivors_go_on = decision.in_process
+            if decision.in_process and w.rank in decision.survivors:
+                regroup_to = decision
+        shared_due = cfg.checkpoint_interval_steps > 0 and self.step % cfg.checkpoint_interval_steps == 0
+        # Just in time (synchronously) when this rank stops; survivors of an in-process resize keep their
+        # state in memory, so they skip it and go on at once. Otherwise in the background: the shared copy
+        # on its interval, the node-local one every local_snapshot_interval_s.
+        jit = stop_now and regroup_to is None
+        if jit:
+            self._save(shared=True)
+        elif not stop_now:
+            shared, local = shared_due and w.rank == 0, w.local_rank == 0 and self.writer.local_due()
+            if shared or local:
+                self.writer.background(self.state_dict, self.step, shared=shared, local=w.local_rank == 0)
+        if shared_due or jit:
+            self.meta["last_checkpoint"] = {
+                "step": self.step,
+                "path": str(cfg.checkpoint_dir),
+                "time": time.time(),
+            }
+        if w.rank == 0:
+            first_after_resize = len(self.meta["resizes"]) > 0 and self.step == self._restored_step + 1
+            self._reporter.report(self._progress(), force=stop_now or first_after_resize)
+        return regroup_to, stop_now
+
+    def _record_resize(self) -> None:
+        """The first step at a new world size: the resize entry (pause = last step at old size -> now)."""
+        self._resize_pending = False
+        last, w = self._last_reported_step, self.world
+        lost = max(0, last - self._restored_step) if isinstance(last, int) else 0
+        grew = w.size > (self._prev_world or 0)
+        self.meta["resizes"] = [
+            *self.meta["resizes"],
+            {
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "from": self._prev_world,
+                "to": w.size,
+                "reason": str(TrainerResize.SCALE_UP if grew else TrainerResize.SCALE_DOWN),
+                "pauseSeconds": round(time.time() - float(self.meta.get("last_step_time", time.time())), 3),
+                "stepsLost": lost,
+            },
+        ]
+        print(f"etj: resize {self._prev_world}->{w.size} done at step {self.step}", flush=True)
+
+    def _regroup(self, to: regroup.Regroup) -> None:
+        """Survivors of a graceful leave: a new process group among themselves, same state, next step."""
+        old = self.world
+        assert self.membership is not None
+        regroup.reform(
+            f"{self.membership.incarnation:.6f}/{self.step}", to.new_rank(old.rank), len(to.survivors)
+        )
+        self.world = World.current()
+        print(f"etj: resizing {old.size}->{self.world.size} in process at step {self.step}", flush=True)
+        self._prev_world, self._resize_pending = old.size, True
+        self._restored_step, self._last_reported_step = self.step, None
+        self.survivors_go_on = False
+        if self.world.rank == 0 and not self._reporter.url:
+            self._reporter = ProgressReporter(self.config.progress_url)
+
+    def _progress(self) -> dict[str, Any]:
+        m = self.membership
+        assert m is not None
+        doc = ProgressDoc(
+            epoch=self.sampler.epoch,
+            step=self.step,
+            samples_seen=self.meta["samples_seen"],
+            samples_per_second=round(self.rate, 2),
+            loss=self.loss if math.isfinite(self.loss) else None,
+            world_size=self.world.size,
+            per_worker_batch=m.plan.per_worker_batch,
+            accumulation_steps=m.plan.accumulation_steps,
+            lr_multiplier=self.optimizer.lr_multiplier if isinstance(self.optimizer, DynamicSGD) else 1.0,
+            lr=float(self.meta.get("lr", _lr(self.optimizer))),  # the LR the last step trained with
+            last_checkpoint=self.meta.get("last_checkpoint"),
+            resizes=tuple(r for r in map(ResizeRecord.from_json, self.meta["resizes"]) if r is not None),
+        )
+        return doc.to_json()
+
+
+def _incarnation(dist_on: bool) -> float:
+    """A world-wide id of this membership (rank 0's clock): tags sample-log lines and regroup keys."""
+    inc = [time.time()]
+    if dist_on:
+        dist.broadcast_object_list(inc, src=0)
+    return float(inc[0])
+
+
+def _config_from_env(defaults: Mapping[str, Any]) -> TrainConfig:
+    """``TrainConfig.from_env()``, with ``defaults`` for the fields the environment leaves unset."""
+    names = {f.name for f in fields(TrainConfig)}
+    unknown = set(defaults) - names
+    if unknown:
+        raise TypeError(f"unknown config fields {sorted(unknown)}")
+    set_by_env = {v.field for v in etj_env.CONFIG_FIELDS if v.read(os.environ) is not None}
+    return TrainConfig.from_env(**{k: v for k, v in defaults.items() if k not in set_by_env})
