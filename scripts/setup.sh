@@ -20,6 +20,9 @@ want=$(cat pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages (torch, DALI, kopf, ...; first time: a few GB, a few minutes)"
   .venv/bin/python -m pip install --quiet --upgrade pip
+  # DALI moved from its CUDA 12 build to the CUDA 13 one (torch's); both install nvidia/dali, so the old
+  # one must go first or the two overwrite each other's files.
+  .venv/bin/python -m pip uninstall --quiet --yes nvidia-dali-cuda120 2>/dev/null || true
   .venv/bin/python -m pip install --progress-bar off -e '.[trainer,dev]' | grep -v '^Requirement already satisfied' || true
   .venv/bin/python -c 'import etj_operator, etj_trainer, etj_contract, etj_testbed' # fail here, not later, if the install broke
   echo "$want" > "$stamp"
