@@ -221,7 +221,7 @@ class TrainerSpec(ApiModel):
     args: Annotated[list[Arg], Field(max_length=64)] = Field(
         default_factory=list,
         description="Arguments appended to command. With the default command, "
-        "[\"--script\", \"/workspace/train.py\", ...] runs your own training script (written on "
+        '["--script", "/workspace/train.py", ...] runs your own training script (written on '
         "etj_trainer.elastic, in the image or on a volume) on every rank instead of the built-in trainer; "
         "everything after the script's path goes to it.",
     )
