@@ -241,6 +241,9 @@ DATA_CACHE = _var("DATA_CACHE", Path, "where converted datasets are cached (defa
 COLLECTIVE_TIMEOUT_S = _var(
     "COLLECTIVE_TIMEOUT_S", int, "bound on a collective whose peer vanished, seconds (default 120)"
 )
+PEER_DEAD_AFTER_S = _var(
+    "PEER_DEAD_AFTER_S", float, "a peer whose heartbeat stops this long is lost: recover in place (default 1)"
+)
 LOG_LEVEL = _var("LOG_LEVEL", str, "the elastic agent's log level (default WARNING)")
 # The elastic agent (etj-train worker); docs/trainer.md explains each.
 LAST_CALL_TIMEOUT = _var("LAST_CALL_TIMEOUT", float, "seconds a round below max size waits for stragglers")

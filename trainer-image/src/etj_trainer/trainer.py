@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
-from etj_trainer import recipe, regroup
+from etj_trainer import recipe, recover, regroup
 from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore
 from etj_trainer.config import TrainConfig
@@ -52,7 +52,13 @@ from etj_trainer.progress import ProgressReporter, get_json
 from etj_trainer.sample_log import SampleLog
 from etj_trainer.sampler import ElasticSampler
 from etj_trainer.schedule import LrSchedule, lr_factor, position
-from etj_trainer.state_sync import agree_on_checkpoint, capture_rng, restore_rng
+from etj_trainer.state_sync import (
+    agree_on_checkpoint,
+    broadcast_state,
+    capture_rng,
+    newest_step,
+    restore_rng,
+)
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +198,8 @@ class Loop:
     t_last: float = field(default_factory=time.monotonic)
     stopped_early: bool = False  # stopped by a SIGTERM somewhere in the world
     survivors_go_on: bool = False  # this rank leaves and the others re-form the world without it
+    watch: recover.Watch | None = None  # heartbeat + neighbour watch (in-place crash recovery)
+    last_failed_step: int | None = None  # the committed step at the last in-place crash recovery
 
 
 def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
@@ -235,6 +243,7 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     )
     if w.rank == 0 and prev_world is not None and cfg.progress_url:
         loop.last_reported_step = (get_json(cfg.progress_url) or {}).get("step")
+    loop.watch = recover.watch(w.dist_on and regroup.enabled_from_env(), loop.inc, w.rank, w.size)
     while True:  # one pass per membership of the world; a graceful leave starts the next pass in-process
         regroup_to = _run_membership(cfg, st, w, loop, train_src, stop)
         if regroup_to is None:
@@ -270,6 +279,30 @@ def _restore(st: State, w: World) -> int | None:
     state, src = agree_on_checkpoint(st.ckpts, w.rank, w.size)
     if state is None:
         return None
+    _load(st, state)
+    return src
+
+
+def _sync_state(st: State, w: World) -> None:
+    """After an in-place re-form: every rank takes the newest committed step, tensor by tensor from the
+    lowest rank holding it (a no-op when all agree, as they do unless a peer died inside the commit)."""
+    best, src, steps = newest_step(st.step)
+    if all(s == best for s in steps):
+        return
+    live = st.model.state_dict()
+    state = broadcast_state(
+        _state_dict(st, w) if w.rank == src else None,
+        src,
+        w.rank,
+        lambda path, _shape, _dtype: live.get(path[1]) if path[:1] == ("model",) and len(path) == 2 else None,
+        w.device,
+    )
+    if w.rank != src:
+        _load(st, state)
+    print(f"etj: state of step {best} from rank {src} (steps were {steps})", flush=True)
+
+
+def _load(st: State, state: dict[str, Any]) -> None:
     st.model.load_state_dict(state["model"])
     st.opt.load_state_dict(state["optimizer"])
     if st.scaler is not None and "scaler" in state:
@@ -277,13 +310,13 @@ def _restore(st: State, w: World) -> int | None:
     st.sampler.load_state_dict(state["sampler"])
     restore_rng(state["rng"])
     st.step, st.meta = int(state["step"]), dict(state["meta"])
-    return src
 
 
 def _run_membership(
     cfg: TrainConfig, st: State, w: World, loop: Loop, train_src: BatchSource, stop: StopFlag
-) -> regroup.Regroup | None:
-    """The steps of one membership; returns where to regroup to when survivors of a leave go on."""
+) -> regroup.Regroup | recover.Lost | None:
+    """The steps of one membership; returns where to regroup to when survivors of a leave (or of a crashed
+    peer) go on."""
     ddp: nn.Module = st.model
     if w.dist_on:
         ddp = nn.parallel.DistributedDataParallel(
@@ -309,7 +342,13 @@ def _run_membership(
     regroup_to: regroup.Regroup | None = None
     ddp.train()
     while st.running(cfg):
-        codes = _train_step(cfg, st, w, ddp, plan, loader, train_src.sample_shape, stop, samples_log, loop)
+        try:
+            codes = _train_step(
+                cfg, st, w, ddp, plan, loader, train_src.sample_shape, stop, samples_log, loop
+            )
+        except Exception as e:  # a peer died mid-step: recover in place, or re-raise (torch elastic restarts)
+            _close(loader)
+            return recover.lost_or_raise(e, loop.watch is not None, loop.last_failed_step, st.step)
         regroup_to, stop_now = _after_step(cfg, st, w, loop, codes)
         if stop_now:
             loop.stopped_early = regroup_to is None
@@ -348,11 +387,6 @@ def _train_step(
         scale=w.size / len(gidx),
         sample_shape=sample_shape,
     )
-    if st.scaler is not None:
-        st.scaler.step(st.opt)  # skips the step (and lowers the scale) on inf/nan gradients
-        st.scaler.update()
-    else:
-        st.opt.step()
     if cfg.min_step_seconds > 0:
         time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - loop.t_last)))
     if samples_log:
@@ -361,12 +395,18 @@ def _train_step(
         # that never commits is harmless: the redo logs it again under a newer incarnation, and the
         # checker keeps the newest.
         samples_log.write(st.sampler.epoch, st.step + 1, w.size, mine, lr=lr)
-    # The loss and one stop-code slot per rank: after this all-reduce every rank knows who stops.
+    # The commit: the loss and one stop-code slot per rank; after it every rank knows who stops. Before the
+    # optimizer step, so a collective that fails (a peer died) leaves the last committed step in memory.
     stats = torch.zeros(1 + w.size, dtype=torch.float64)
     stats[0] = loss_sum
     stats[1 + w.rank] = float(stop.code)
     if w.dist_on:
         dist.all_reduce(stats)
+    if st.scaler is not None:
+        st.scaler.step(st.opt)  # skips the step (and lowers the scale) on inf/nan gradients
+        st.scaler.update()
+    else:
+        st.opt.step()
     st.sampler.commit(len(gidx))
     st.step += 1
     st.meta["samples_seen"] = int(st.meta["samples_seen"]) + len(gidx)
@@ -472,9 +512,17 @@ def _record_resize(st: State, w: World, loop: Loop) -> None:
     print(f"etj: resize {loop.prev_world}->{w.size} done at step {st.step}", flush=True)
 
 
-def _regroup(cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regroup) -> World:
-    """Survivors of a graceful leave: a new process group among themselves, same state, next step."""
-    regroup.reform(f"{loop.inc:.6f}/{st.step}", to.new_rank(w.rank), len(to.survivors))
+def _regroup(cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regroup | recover.Lost) -> World:
+    """Survivors of a graceful leave or of a crashed peer: a new process group among themselves, the same
+    state (the newest committed step), the next step."""
+    if isinstance(to, recover.Lost):
+        recover.recover_in_place(
+            to, loop.watch, f"{loop.inc:.6f}", w.rank, w.size, cfg.min_workers * w.local_size
+        )
+        loop.last_failed_step = st.step
+        _sync_state(st, World.current())
+    else:
+        regroup.reform(f"{loop.inc:.6f}/{st.step}", to.new_rank(w.rank), len(to.survivors))
     new = World.current()
     print(f"etj: resizing {w.size}->{new.size} in process at step {st.step}", flush=True)
     loop.prev_world, loop.resize_pending, loop.restored_step, loop.last_reported_step = (
@@ -484,6 +532,8 @@ def _regroup(cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regr
         None,
     )
     loop.inc = _incarnation(True)
+    if loop.watch is not None:
+        loop.watch.enter(f"{loop.inc:.6f}", new.rank, new.size)
     if new.rank == 0 and not loop.reporter.url:
         loop.reporter = ProgressReporter(cfg.progress_url)
     return new
@@ -516,6 +566,8 @@ def _finish(
             result = {"step": st.step, "loss": loop.loss, "accuracy": accuracy, "worldSize": w.size}
             print("ETJ_RESULT " + json.dumps(result), flush=True)
     loop.reporter.close()
+    if loop.watch is not None:
+        loop.watch.close()
     train_src.close()
     if w.dist_on and not loop.survivors_go_on:
         dist.barrier()  # the survivors of an in-process resize have left this group already
@@ -549,6 +601,11 @@ def _save(st: State, w: World, shared: bool) -> None:
     # its node-local copy (which is what survivors restore from).
     if w.local_rank != 0 and w.rank != 0:
         return
+    st.ckpts.save(_state_dict(st, w), st.step, shared=shared and w.rank == 0, local=w.local_rank == 0)
+
+
+def _state_dict(st: State, w: World) -> dict[str, Any]:
+    """What a checkpoint holds (references to the live tensors: copy before training goes on)."""
     state = {
         "model": st.model.state_dict(),
         "optimizer": st.opt.state_dict(),
@@ -559,7 +616,7 @@ def _save(st: State, w: World, shared: bool) -> None:
     }
     if st.scaler is not None:
         state["scaler"] = st.scaler.state_dict()
-    st.ckpts.save(state, st.step, shared=shared and w.rank == 0, local=w.local_rank == 0)
+    return state
 
 
 def _progress(st: State, w: World, loop: Loop) -> dict[str, Any]:
