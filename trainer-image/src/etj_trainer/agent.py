@@ -261,6 +261,44 @@ def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
     return t
 
 
+START_WAIT_S = 30.0  # the most the first world waits for agents still warming up
+
+
+def start_wait_over(arrived: int, ready: int, formed: bool, waited_s: float, bound_s: float) -> bool:
+    """May this (warm) agent join the rendezvous? Before the job's first world forms, not until every agent
+    that has started is warm too (bounded): otherwise the first round closes with the fastest few and the
+    world restarts as each of the others arrives (0 -> 2 -> 4)."""
+    return formed or ready >= arrived or waited_s >= bound_s
+
+
+class StartGate:
+    """The agents' count on the external store: ``arrived`` at process start, ``ready`` once warm."""
+
+    def __init__(self, endpoint: str, run_id: str) -> None:
+        import torch.distributed as dist
+
+        host, _, port = endpoint.rpartition(":")
+        self.store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+        self.prefix = f"etj-start/{run_id}"
+        self.store.add(f"{self.prefix}/arrived", 1)
+
+    def wait(self, bound_s: float = START_WAIT_S) -> None:
+        p, t0 = self.prefix, time.monotonic()
+        self.store.add(f"{p}/ready", 1)
+        while True:
+            arrived, ready = self.store.add(f"{p}/arrived", 0), self.store.add(f"{p}/ready", 0)
+            formed = self.store.check([f"{p}/formed"])
+            if start_wait_over(arrived, ready, formed, time.monotonic() - t0, bound_s):
+                break
+            time.sleep(0.05)
+        if not formed:
+            print(
+                f"etj-train worker: {ready} of {arrived} agents warm after {time.monotonic() - t0:.2f} s",
+                flush=True,
+            )
+        self.store.set(f"{p}/formed", "1")
+
+
 def run_agent(cfg: AgentConfig) -> int:
     # Without this, an agent that stays group rank 0 across rounds does not re-publish MASTER_ADDR for the
     # new round and a joining agent waits forever for it (seen here on a 1->2 scale-up, torch 2.14).
@@ -283,6 +321,7 @@ def run_agent(cfg: AgentConfig) -> int:
 
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
 
+    gate = StartGate(cfg.endpoint, cfg.run_id) if cfg.fast_restart else None
     start_method = "spawn"
     if warmup is not None:
         warmup.join()  # join the rendezvous only when a worker can start with a fork
@@ -316,6 +355,8 @@ def run_agent(cfg: AgentConfig) -> int:
         monitor_interval=cfg.monitor_interval,
     )
     agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
+    if gate is not None:
+        gate.wait()  # the first world: every agent already started, not the fastest few
     # Wall-clock time: bench/resize_pause.py measures a joiner's pause from this line.
     print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:

@@ -1,8 +1,8 @@
 """In-place crash recovery: when a rank dies mid-step, the survivors re-form the world and redo the step.
 
 A rank that dies (SIGKILL, a lost node) breaks the step's collectives on every other rank: gloo reports
-the closed connection at once, and a rank whose peer vanished without closing its sockets is unblocked by
-the heartbeat watch below (the peer's heartbeat stops; the watch aborts the process group). The step in
+the closed connection at once (a peer that vanished with its sockets open: at the collective timeout,
+ETJ_COLLECTIVE_TIMEOUT_S). The step in
 flight never reached its commit point (the stop-code all-reduce comes before the optimizer step), so each
 survivor's state in memory is the last committed step.
 
@@ -21,7 +21,7 @@ The survivors then meet on the job's external store under the failed membership'
 
 Anything else -- an error that is not a lost peer, fewer members than the job's minimum, a second failure
 at the same step -- re-raises, and torch elastic restarts the world from the checkpoints (the fallback),
-with the reason logged. Decisions are pure functions (tested by tables); ``Watch`` and ``recover_world``
+with the reason logged. Decisions are pure functions (tested by tables); ``Heartbeat`` and ``recover_world``
 are the I/O.
 """
 
@@ -31,7 +31,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -131,78 +130,43 @@ def _hb_key(membership: str, rank: int) -> str:
 
 
 @dataclass
-class Watch:
-    """This rank's heartbeat on the external store, and a watch on its ring neighbour's.
+class Heartbeat:
+    """This rank's heartbeat on the external store (a counter bumped every ``HEARTBEAT_S`` by a thread).
 
-    The neighbour watch is what bounds a hang on a peer that vanished without closing its sockets (a lost
-    node): when rank+1 goes silent for ``dead_after``, this rank aborts the process group, which fails the
-    collective in flight here and -- through the closed connections -- on every other rank.
+    It tells the survivors of a crash a slow peer (still beating) from a dead one. It does not *detect* a
+    crash: a peer that dies closes its sockets and gloo fails the collective at once. One that vanishes
+    with its sockets open (a partitioned node) is bounded by the collective timeout (ETJ_COLLECTIVE_TIMEOUT_S;
+    tried: aborting a gloo group from another thread does not unblock the collective in flight, torch 2.14).
     """
 
-    on_dead_peer: Callable[[], None] = lambda: None
     membership: str = ""
     rank: int = 0
-    size: int = 1
-    _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _watching: bool = False
 
     @classmethod
-    def start(cls) -> Watch:
+    def start(cls) -> Heartbeat:
         w = cls()
-        w._thread = threading.Thread(target=w._run, name="etj-heartbeat", daemon=True)
-        w._thread.start()
+        threading.Thread(target=w._run, name="etj-heartbeat", daemon=True).start()
         return w
 
-    def enter(self, membership: str, rank: int, size: int) -> None:
-        """Beat (and watch) under a new membership's id."""
+    def enter(self, membership: str, rank: int) -> None:
+        """Beat under a new membership's id."""
         with self._lock:
-            self.membership, self.rank, self.size, self._watching = membership, rank, size, True
-
-    def pause(self) -> None:
-        """Keep beating, stop watching (in a recovery or a regroup the neighbour is expected silent)."""
-        with self._lock:
-            self._watching = False
+            self.membership, self.rank = membership, rank
 
     def close(self) -> None:
         self._stop.set()
 
     def _run(self) -> None:
         store = _client()
-        last: tuple[str, int] = ("", -1)
-        seen, moved = -1, time.monotonic()
-        limit = dead_after()
         while not self._stop.wait(HEARTBEAT_S):
             with self._lock:
-                membership, rank, size, watching = self.membership, self.rank, self.size, self._watching
-            if not membership:
-                continue
+                membership, rank = self.membership, self.rank
             try:
                 store.add(_hb_key(membership, rank), 1)
-                if not watching or size < 2:
-                    continue
-                peer = (membership, (rank + 1) % size)
-                count = int(store.add(_hb_key(*peer), 0))
             except Exception as e:  # the store is someone else's problem (issue 15b); keep beating
                 log.debug("heartbeat: %s", e)
-                continue
-            now = time.monotonic()
-            if peer != last or count != seen:
-                last, seen, moved = peer, count, now
-            elif now - moved > limit:
-                print(f"etj: rank {peer[1]} silent for {now - moved:.1f} s: aborting the world", flush=True)
-                self.pause()
-                self.on_dead_peer()
-
-
-def abort_default_group() -> None:
-    """Fail the collective in flight (called from the watch thread)."""
-    try:
-        pg = dist.distributed_c10d._get_default_group()
-        pg.abort()
-    except Exception as e:
-        log.warning("could not abort the process group: %s", e)
 
 
 def recover_world(membership: str, old_rank: int, old_size: int, min_ranks: int) -> Recovery:
@@ -271,22 +235,17 @@ def lost_or_raise(exc: BaseException, enabled: bool, last_failed_step: int | Non
     return Lost(exc)
 
 
-def watch(enabled: bool, incarnation: float, rank: int, size: int) -> Watch | None:
-    """Start this rank's heartbeat (and its neighbour watch) when in-place recovery is possible."""
+def watch(enabled: bool, incarnation: float, rank: int) -> Heartbeat | None:
+    """Start this rank's heartbeat when in-place recovery is possible."""
     if not enabled:
         return None
-    w = Watch.start()
-    w.on_dead_peer = abort_default_group
-    w.enter(f"{incarnation:.6f}", rank, size)
+    w = Heartbeat.start()
+    w.enter(f"{incarnation:.6f}", rank)
     return w
 
 
-def recover_in_place(
-    lost: Lost, w: Watch | None, membership: str, rank: int, size: int, min_ranks: int
-) -> None:
+def recover_in_place(lost: Lost, membership: str, rank: int, size: int, min_ranks: int) -> None:
     """Re-form the world among the survivors, or re-raise the step's error (torch elastic restarts)."""
-    if w is not None:
-        w.pause()
     decision = recover_world(membership, rank, size, min_ranks)
     if not decision.in_place:
         print(f"etj: restarting the world ({decision.reason})", flush=True)

@@ -198,7 +198,7 @@ class Loop:
     t_last: float = field(default_factory=time.monotonic)
     stopped_early: bool = False  # stopped by a SIGTERM somewhere in the world
     survivors_go_on: bool = False  # this rank leaves and the others re-form the world without it
-    watch: recover.Watch | None = None  # heartbeat + neighbour watch (in-place crash recovery)
+    watch: recover.Heartbeat | None = None  # this rank's heartbeat (in-place crash recovery)
     last_failed_step: int | None = None  # the committed step at the last in-place crash recovery
 
 
@@ -243,7 +243,7 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     )
     if w.rank == 0 and prev_world is not None and cfg.progress_url:
         loop.last_reported_step = (get_json(cfg.progress_url) or {}).get("step")
-    loop.watch = recover.watch(w.dist_on and regroup.enabled_from_env(), loop.inc, w.rank, w.size)
+    loop.watch = recover.watch(w.dist_on and regroup.enabled_from_env(), loop.inc, w.rank)
     while True:  # one pass per membership of the world; a graceful leave starts the next pass in-process
         regroup_to = _run_membership(cfg, st, w, loop, train_src, stop)
         if regroup_to is None:
@@ -516,9 +516,7 @@ def _regroup(cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regr
     """Survivors of a graceful leave or of a crashed peer: a new process group among themselves, the same
     state (the newest committed step), the next step."""
     if isinstance(to, recover.Lost):
-        recover.recover_in_place(
-            to, loop.watch, f"{loop.inc:.6f}", w.rank, w.size, cfg.min_workers * w.local_size
-        )
+        recover.recover_in_place(to, f"{loop.inc:.6f}", w.rank, w.size, cfg.min_workers * w.local_size)
         loop.last_failed_step = st.step
         _sync_state(st, World.current())
     else:
@@ -533,7 +531,7 @@ def _regroup(cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regr
     )
     loop.inc = _incarnation(True)
     if loop.watch is not None:
-        loop.watch.enter(f"{loop.inc:.6f}", new.rank, new.size)
+        loop.watch.enter(f"{loop.inc:.6f}", new.rank)
     if new.rank == 0 and not loop.reporter.url:
         loop.reporter = ProgressReporter(cfg.progress_url)
     return new
