@@ -77,3 +77,16 @@ def test_a_hard_kill_is_recovered_in_place(tmp_path: Path) -> None:
     assert logs.count("ready at step") == 1, "a worker restarted"
     assert result["agentExitCodes"][:2] == [0, 0]  # type: ignore[index]
     _assert_matches_a_fixed_run(env, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_join_is_admitted_in_place(tmp_path: Path) -> None:
+    env = _job(tmp_path, max_workers=3)
+    result = run_local(2, parse_schedule("15:+1"), env, tmp_path / "logs", timeout_s=600)
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 3)]  # type: ignore[index]
+    logs = _worker_logs(tmp_path / "logs")
+    assert "joining the running world in place" in logs and "resizing 2->3 in process" in logs
+    assert logs.count("ready at step") == 1, "a worker restarted"
+    assert result["agentExitCodes"] == [0, 0, 0]
+    _assert_matches_a_fixed_run(env, tmp_path)

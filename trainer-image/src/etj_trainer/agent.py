@@ -146,6 +146,18 @@ class AgentConfig:
 
 def worker_entry() -> None:
     """What each worker process runs (RANK, WORLD_SIZE, MASTER_* come from the agent)."""
+    _worker(join_in_place=False)
+
+
+def join_worker_entry(local_rank: int, nproc: int) -> None:
+    """A worker of a node that joins the running world in place (started by this agent, not torch's)."""
+    os.environ.update(
+        {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(nproc), etj_env.JOIN_IN_PLACE.name: "1"}
+    )
+    _worker(join_in_place=True)
+
+
+def _worker(join_in_place: bool) -> None:
     from etj_trainer.lifetime import die_with_parent
 
     die_with_parent()  # first of all: a worker whose forkserver or agent is gone must not train on
@@ -160,10 +172,12 @@ def worker_entry() -> None:
     stop.install()  # a SIGTERM during start-up must still end in a checkpoint, not a crash
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
     cfg = TrainConfig.from_env()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=collective_timeout())
+    if not join_in_place:  # a joiner forms its first group when the world admits it (join.py)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=collective_timeout())
     result = train(cfg, stop)
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     if result.stopped_early:
         if not stop.requested:
             sys.exit(EXIT_RESIZE)  # a peer is leaving: fail fast so our agent re-rendezvouses now
@@ -282,9 +296,11 @@ class StartGate:
         self.prefix = f"etj-start/{run_id}"
         self.store.add(f"{self.prefix}/arrived", 1)
 
-    def wait(self, bound_s: float = START_WAIT_S) -> None:
+    def wait(self, bound_s: float = START_WAIT_S) -> bool:
+        """Returns whether the job's first world had formed already (this agent is a joiner)."""
         p, t0 = self.prefix, time.monotonic()
         self.store.add(f"{p}/ready", 1)
+        formed_before = self.store.check([f"{p}/formed"])
         while True:
             arrived, ready = self.store.add(f"{p}/arrived", 0), self.store.add(f"{p}/ready", 0)
             formed = self.store.check([f"{p}/formed"])
@@ -297,6 +313,43 @@ class StartGate:
                 flush=True,
             )
         self.store.set(f"{p}/formed", "1")
+        return bool(formed_before)
+
+
+def run_joiners(cfg: AgentConfig) -> int | None:
+    """This node's workers join the running world in place (join.py); torch elastic's agent is not used,
+    so no other agent restarts its workers. Returns the exit code, or None: take the restart path."""
+    ctx = multiprocessing.get_context("forkserver")
+    procs = [
+        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node)) for i in range(cfg.nproc_per_node)
+    ]
+    stopping: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.append(signum)  # the pod is leaving: the workers leave at a step boundary (stop code)
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+
+    old = signal.signal(signal.SIGTERM, forward)
+    try:
+        print(f"etj-train worker: joining the running world in place at {time.time():.3f}", flush=True)
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    codes = [p.exitcode for p in procs]
+    if stopping:
+        return 128 + stopping[0]
+    if all(c == 0 for c in codes):
+        return 0
+    print(
+        f"etj-train worker: in-place join ended with exit codes {codes}; joining the rendezvous", flush=True
+    )
+    return None
 
 
 def run_agent(cfg: AgentConfig) -> int:
@@ -355,8 +408,13 @@ def run_agent(cfg: AgentConfig) -> int:
         monitor_interval=cfg.monitor_interval,
     )
     agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
-    if gate is not None:
-        gate.wait()  # the first world: every agent already started, not the fastest few
+    if gate is not None and gate.wait():  # the first world waits for every agent already started
+        from etj_trainer.join import door_open
+
+        if door_open(gate.store, cfg.run_id):  # a running world admits joiners at a step boundary
+            rc = run_joiners(cfg)
+            if rc is not None:
+                return rc
     # Wall-clock time: bench/resize_pause.py measures a joiner's pause from this line.
     print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
-from etj_trainer import recipe, recover, regroup
+from etj_trainer import join, recipe, recover, regroup
 from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore
 from etj_trainer.config import TrainConfig
@@ -198,6 +198,7 @@ class Loop:
     t_last: float = field(default_factory=time.monotonic)
     stopped_early: bool = False  # stopped by a SIGTERM somewhere in the world
     survivors_go_on: bool = False  # this rank leaves and the others re-form the world without it
+    door: join.Door | None = None  # rank 0: admits joiners at a step boundary
     watch: recover.Heartbeat | None = None  # this rank's heartbeat (in-place crash recovery)
     last_failed_step: int | None = None  # the committed step at the last in-place crash recovery
 
@@ -224,8 +225,11 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     t_data = time.monotonic()
     st = _build(cfg, w, train_src.num_samples, dtype)
     t_restore = time.monotonic()
-    src = _restore(st, w)
-    if w.rank == 0:
+    joiner = join.joining()  # warm now (model, data); the state comes from a peer once admitted
+    src = None if joiner else _restore(st, w)
+    if joiner:
+        print(f"etj: joiner warm in {time.monotonic() - t_start:.2f} s; asking to be admitted", flush=True)
+    elif w.rank == 0:
         # Where a (re)start spends its time: part of every restart-based resize pause.
         print(
             f"etj: rank 0 of {w.size} ready at step {st.step} in {time.monotonic() - t_start:.2f} s "
@@ -235,7 +239,7 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         )
     prev_world = int(st.meta["world_size"]) if "world_size" in st.meta else None
     loop = Loop(
-        reporter=ProgressReporter(cfg.progress_url if w.rank == 0 else ""),
+        reporter=ProgressReporter(cfg.progress_url if w.rank == 0 and not joiner else ""),
         inc=_incarnation(w.dist_on),
         restored_step=st.step,
         prev_world=prev_world,
@@ -244,6 +248,13 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     if w.rank == 0 and prev_world is not None and cfg.progress_url:
         loop.last_reported_step = (get_json(cfg.progress_url) or {}).get("step")
     loop.watch = recover.watch(w.dist_on and regroup.enabled_from_env(), loop.inc, w.rank)
+    loop.door = join.Door.open() if loop.watch is not None and w.rank == 0 else None
+    if joiner:
+        ticket = join.ask()
+        if ticket is None:  # never admitted: the restart path (our agent joins the rendezvous)
+            print("etj: not admitted in place; restarting through the rendezvous", flush=True)
+            return TrainResult(st.step, st.sampler.epoch, True, None, math.nan, 0)
+        w = _regroup(cfg, st, w, loop, ticket)
     while True:  # one pass per membership of the world; a graceful leave starts the next pass in-process
         regroup_to = _run_membership(cfg, st, w, loop, train_src, stop)
         if regroup_to is None:
@@ -283,10 +294,10 @@ def _restore(st: State, w: World) -> int | None:
     return src
 
 
-def _sync_state(st: State, w: World) -> None:
+def _sync_state(st: State, w: World, behind: bool = False) -> None:
     """After an in-place re-form: every rank takes the newest committed step, tensor by tensor from the
     lowest rank holding it (a no-op when all agree, as they do unless a peer died inside the commit)."""
-    best, src, steps = newest_step(st.step)
+    best, src, steps = newest_step(-1 if behind else st.step)
     if all(s == best for s in steps):
         return
     live = st.model.state_dict()
@@ -399,7 +410,7 @@ def _train_step(
     # optimizer step, so a collective that fails (a peer died) leaves the last committed step in memory.
     stats = torch.zeros(1 + w.size, dtype=torch.float64)
     stats[0] = loss_sum
-    stats[1 + w.rank] = float(stop.code)
+    stats[1 + w.rank] = float(stop.code or join.code(loop.door))
     if w.dist_on:
         dist.all_reduce(stats)
     if st.scaler is not None:
@@ -512,26 +523,46 @@ def _record_resize(st: State, w: World, loop: Loop) -> None:
     print(f"etj: resize {loop.prev_world}->{w.size} done at step {st.step}", flush=True)
 
 
-def _regroup(cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regroup | recover.Lost) -> World:
-    """Survivors of a graceful leave or of a crashed peer: a new process group among themselves, the same
-    state (the newest committed step), the next step."""
-    if isinstance(to, recover.Lost):
+def _regroup(
+    cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regroup | recover.Lost | join.Ticket
+) -> World:
+    """The world changes in process: survivors of a graceful leave or of a crashed peer re-form among
+    themselves, or old ranks admit joiners (a joiner comes here with its ticket); every rank then holds the
+    newest committed step and goes on with the next step."""
+    old_size = w.size
+    if isinstance(to, join.Ticket):  # this rank joins: its first group, then the state from rank 0
+        regroup.reform(to.key, to.rank, to.size)
+        old_size = to.old_size
+        _sync_state(st, World.current(), behind=True)
+    elif isinstance(to, regroup.Regroup) and to.admit:  # old ranks keep their numbers; joiners come after
+        membership, max_ranks = f"{loop.inc:.6f}", cfg.max_workers * w.local_size
+        adm = join.admission(loop.door, membership, st.step, w.rank, w.size, max_ranks)
+        if not adm.joiners:
+            return w  # they withdrew, or no room: nothing changes
+        regroup.reform(adm.key, w.rank, adm.new_size)
+        _sync_state(st, World.current())
+    elif isinstance(to, recover.Lost):
         recover.recover_in_place(to, f"{loop.inc:.6f}", w.rank, w.size, cfg.min_workers * w.local_size)
         loop.last_failed_step = st.step
         _sync_state(st, World.current())
     else:
         regroup.reform(f"{loop.inc:.6f}/{st.step}", to.new_rank(w.rank), len(to.survivors))
     new = World.current()
-    print(f"etj: resizing {w.size}->{new.size} in process at step {st.step}", flush=True)
+    print(f"etj: resizing {old_size}->{new.size} in process at step {st.step}", flush=True)
     loop.prev_world, loop.resize_pending, loop.restored_step, loop.last_reported_step = (
-        w.size,
+        old_size,
         True,
         st.step,
         None,
     )
     loop.inc = _incarnation(True)
-    if loop.watch is not None:
+    loop.survivors_go_on = False  # every rank of the old group that goes on is in the new one
+    if loop.watch is None:
+        loop.watch = recover.watch(regroup.enabled_from_env(), loop.inc, new.rank)  # a joiner's first world
+    else:
         loop.watch.enter(f"{loop.inc:.6f}", new.rank)
+    if new.rank == 0 and loop.watch is not None and loop.door is None:
+        loop.door = join.Door.open()
     if new.rank == 0 and not loop.reporter.url:
         loop.reporter = ProgressReporter(cfg.progress_url)
     return new
@@ -564,8 +595,9 @@ def _finish(
             result = {"step": st.step, "loss": loop.loss, "accuracy": accuracy, "worldSize": w.size}
             print("ETJ_RESULT " + json.dumps(result), flush=True)
     loop.reporter.close()
-    if loop.watch is not None:
-        loop.watch.close()
+    for closing in (loop.watch, loop.door):
+        if closing is not None:
+            closing.close()
     train_src.close()
     if w.dist_on and not loop.survivors_go_on:
         dist.barrier()  # the survivors of an in-process resize have left this group already
