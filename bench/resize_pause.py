@@ -1,16 +1,17 @@
-"""Resize pause: event -> first completed step at the new world size, etj agent vs stock torchrun defaults.
+"""Resize pause: event -> first completed step at the new world size, etj vs torchrun, in one run.
 
-Both arms run the same trainer (tiny model on in-memory digits, ~20 steps/s) against the same external
-``etj-train store``; the only difference is the launcher: ``etj-train worker`` (forkserver fast restart,
-explicit rendezvous leave on SIGTERM, last_call 1 s, keep-alive 1 s x 3, monitor 0.2 s) vs
-``torchrun`` with its defaults. Events: SIGTERM to one of 2 agents (2->1, a graceful spot notice) and
-starting a third agent process (1->2). Two numbers per event:
+Every arm runs the same trainer (tiny model on in-memory digits, ~20 steps/s) against the same external
+``etj-train store``; the only difference is the launcher: ``etj-train worker`` (in-place leave, join and
+crash recovery; forkserver fast restart as the fallback) vs ``torchrun`` with its defaults, and torchrun
+with the store fix (``-noshare``: its 1->2 join deadlocks otherwise). Events, in order, on 3 nodes:
+SIGKILL of one node's whole process group (3->2, a lost node: agent, forkserver and worker at once), SIGTERM
+to one of the 2 left (2->1, a graceful spot notice), and starting a new agent process (1->2). Numbers:
 
 * ``*_s`` -- event -> first progress report at the new world size (polled every 50 ms). For the gain
   the event is the new agent's *process start*, so its own Python/torch imports are counted (on Kubernetes
   the pod's image pull and start come on top, but training goes on meanwhile);
-* ``gain_1to2_from_join_s`` -- from the moment the new agent, its imports done, starts to join the
-  rendezvous (etj agents print it; stock torchrun does not, hence n/a there);
+* ``gain_1to2_from_join_s`` -- from the moment the new agent, its imports done, starts to join (etj agents
+  print it; stock torchrun does not, hence n/a there);
 * ``*_stall_s`` -- what training lost: last completed step at the old size -> first completed step at
   the new size, as the trainer reports it in ``resizes[].pauseSeconds`` (the job status shows the same).
 
@@ -42,7 +43,7 @@ TRAIN_ENV = {
     "ETJ_MICRO_BATCH_SIZE": "32",
     "ETJ_MIN_STEP_SECONDS": "0.05",
     "ETJ_MIN_WORKERS": "1",
-    "ETJ_MAX_WORKERS": "2",
+    "ETJ_MAX_WORKERS": "3",
     "ETJ_NPROC_PER_WORKER": "1",
     "ETJ_CHECKPOINT_INTERVAL_STEPS": "1000",
 }
@@ -56,7 +57,7 @@ class TorchrunCluster(LocalAgents):
         out = open(self.log_dir / f"worker-{i}.log", "wb")  # noqa: SIM115
         cmd = [
             "torchrun",
-            "--nnodes=1:2",
+            "--nnodes=1:3",
             "--nproc-per-node=1",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.env['ETJ_RDZV_ENDPOINT']}",
@@ -67,7 +68,9 @@ class TorchrunCluster(LocalAgents):
         ]
         exe = str(Path(sys.executable).parent / "torchrun")
         self.agents.append(
-            subprocess.Popen([exe, *cmd[1:]], env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                [exe, *cmd[1:]], env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         )
 
 
@@ -88,10 +91,16 @@ def arm_env(arm: str) -> dict[str, str]:
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if arm.endswith("-noshare") else {}
 
 
+JOIN_LINES = (
+    "etj-train worker: joining the rendezvous at ",
+    "etj-train worker: joining the running world in place at ",
+)
+
+
 def _joined_at(log: Path) -> float | None:
     """Wall-clock time at which an etj agent started to join the rendezvous (it prints it)."""
     for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("etj-train worker: joining the rendezvous at "):
+        if line.startswith(JOIN_LINES):
             return float(line.rsplit(" ", 1)[1])
     return None
 
@@ -113,12 +122,20 @@ def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | 
     try:
         cluster.start_store()
         url = cluster.progress_url
-        cluster.start_agent()
-        cluster.start_agent()
-        doc = wait_progress(url, lambda d: d.get("worldSize") == 2 and d.get("step", 0) >= 20, 300)
+        for _ in range(3):
+            cluster.start_agent()
+        doc = wait_progress(url, lambda d: d.get("worldSize") == 3 and d.get("step", 0) >= 20, 300)
+        # 3 -> 2: a lost node (the local launcher's !1: the node's whole process group)
+        tk = time.monotonic()
+        os.killpg(cluster.agents[-1].pid, signal.SIGKILL)
+        doc = wait_progress(url, lambda d: d.get("worldSize") == 2, 300)
+        kill = time.monotonic() - tk
+        kill_stall = doc["resizes"][-1]["pauseSeconds"]
+        step = doc["step"]
+        doc = wait_progress(url, lambda d: d.get("worldSize") == 2 and d.get("step", 0) >= step + 20, 120)
         # 2 -> 1: graceful loss of one agent
         t0 = time.monotonic()
-        cluster.agents[-1].send_signal(signal.SIGTERM)
+        cluster.alive()[-1].send_signal(signal.SIGTERM)
         doc = wait_progress(url, lambda d: d.get("worldSize") == 1, 300)
         down = time.monotonic() - t0
         down_stall = doc["resizes"][-1]["pauseSeconds"]
@@ -138,6 +155,8 @@ def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | 
             # not republish MASTER_ADDR for the new round (see docs/trainer.md).
             up = up_stall = up_join = f"no step at world size 2 within {gain_timeout:.0f} s (join deadlocked)"
         return {
+            "kill_3to2_s": round(kill, 2),
+            "kill_3to2_stall_s": kill_stall,
             "loss_2to1_s": round(down, 2),
             "loss_2to1_stall_s": down_stall,
             "gain_1to2_s": up,
