@@ -71,11 +71,11 @@ def test_a_hard_kill_is_recovered_in_place(tmp_path: Path) -> None:
     result = run_local(3, parse_schedule("20:!1"), env, tmp_path / "logs", timeout_s=600)
     assert result.get("finished") is True, result
     # the first world waited for all three agents, the kill shrank it once, in the survivors' processes
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(3, 2)]  # type: ignore[index]
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(3, 2)]
     logs = _worker_logs(tmp_path / "logs")
     assert "-> in place (1 of 3 ranks lost)" in logs
     assert logs.count("ready at step") == 1, "a worker restarted"
-    assert result["agentExitCodes"][:2] == [0, 0]  # type: ignore[index]
+    assert result["agentExitCodes"][:2] == [0, 0]
     _assert_matches_a_fixed_run(env, tmp_path)
 
 
@@ -84,7 +84,7 @@ def test_a_join_is_admitted_in_place(tmp_path: Path) -> None:
     env = _job(tmp_path, max_workers=3)
     result = run_local(2, parse_schedule("15:+1"), env, tmp_path / "logs", timeout_s=600)
     assert result.get("finished") is True, result
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 3)]  # type: ignore[index]
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 3)]
     logs = _worker_logs(tmp_path / "logs")
     assert "joining the running world in place" in logs and "resizing 2->3 in process" in logs
     assert logs.count("ready at step") == 1, "a worker restarted"

@@ -166,7 +166,7 @@ def test_a_killed_rank_is_recovered_in_place_and_matches_a_fixed_run(
     assert loaded is not None and loaded.step == total
     (resize,) = loaded.state["meta"]["resizes"]
     assert (resize["from"], resize["to"], resize["stepsLost"]) == (3, 2, 0)
-    a = dict(load_latest(tmp_path / "fixed").state["model"])  # type: ignore[union-attr]
+    a = dict(load_latest(tmp_path / "fixed").state["model"])
     b = dict(loaded.state["model"])
     num = max(float((a[k] - b[k]).abs().max()) for k in a)
     den = max(float(a[k].abs().max()) for k in a)
