@@ -296,6 +296,8 @@ class StartGate:
         self.prefix = f"etj-start/{run_id}"
         self.store.add(f"{self.prefix}/arrived", 1)
 
+    ready = 0  # agents warm when this one stopped waiting
+
     def wait(self, bound_s: float = START_WAIT_S) -> bool:
         """Returns whether the job's first world had formed already (this agent is a joiner)."""
         p, t0 = self.prefix, time.monotonic()
@@ -303,6 +305,7 @@ class StartGate:
         formed_before = self.store.check([f"{p}/formed"])
         while True:
             arrived, ready = self.store.add(f"{p}/arrived", 0), self.store.add(f"{p}/ready", 0)
+            self.ready = int(ready)
             formed = self.store.check([f"{p}/formed"])
             if start_wait_over(arrived, ready, formed, time.monotonic() - t0, bound_s):
                 break
@@ -314,6 +317,24 @@ class StartGate:
             )
         self.store.set(f"{p}/formed", "1")
         return bool(formed_before)
+
+
+def _set_min_nodes(handler: Any, n: int) -> bool:
+    """torch's rendezvous settings are frozen and private; its join op reads ``min_nodes`` on every poll."""
+    try:
+        object.__setattr__(handler._settings, "min_nodes", n)
+        return True
+    except Exception as e:  # guarded: the last call alone decides the first round then
+        log.warning("could not set the rendezvous' min_nodes: %s", e)
+        return False
+
+
+def first_round_min_nodes(handler: Any, n: int, job_min: int, bound_s: float) -> None:
+    """The first round completes only with ``n`` nodes, for at most ``bound_s`` (then the job's minimum)."""
+    if n > job_min and _set_min_nodes(handler, n):
+        timer = threading.Timer(bound_s, _set_min_nodes, args=(handler, job_min))
+        timer.daemon = True
+        timer.start()
 
 
 def run_joiners(cfg: AgentConfig) -> int | None:
@@ -385,6 +406,10 @@ def run_agent(cfg: AgentConfig) -> int:
         handler = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
 
     class EtjAgent(LocalElasticAgent):
+        def _rendezvous(self, worker_group: Any) -> None:
+            super()._rendezvous(worker_group)
+            _set_min_nodes(handler, cfg.min_nodes)  # later rounds (the restart path): the job's minimum
+
         def _restart_workers(self, worker_group: Any) -> None:
             # Our workers must stop *for a restart*, not survive in place: say so before signalling.
             write_agent_state(state_file, AGENT_RESTARTING)
@@ -408,13 +433,18 @@ def run_agent(cfg: AgentConfig) -> int:
         monitor_interval=cfg.monitor_interval,
     )
     agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
-    if gate is not None and gate.wait():  # the first world waits for every agent already started
-        from etj_trainer.join import door_open
+    if gate is not None:
+        if gate.wait():  # the job's world formed already: this agent is a joiner
+            from etj_trainer.join import door_open
 
-        if door_open(gate.store, cfg.run_id):  # a running world admits joiners at a step boundary
-            rc = run_joiners(cfg)
-            if rc is not None:
-                return rc
+            if door_open(gate.store, cfg.run_id):  # a running world admits joiners at a step boundary
+                rc = run_joiners(cfg)
+                if rc is not None:
+                    return rc
+        elif warmup is not None:
+            # The first round waits for every agent that was warm with us (bounded), not the last call
+            # only: on a busy node a warm agent's join can take longer than the last call.
+            first_round_min_nodes(handler, min(gate.ready, cfg.max_nodes), cfg.min_nodes, START_WAIT_S)
     # Wall-clock time: bench/resize_pause.py measures a joiner's pause from this line.
     print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:
