@@ -45,6 +45,14 @@ def _worker_logs(logs: Path) -> str:
     return "".join(f.read_text(errors="replace") for f in sorted(logs.glob("worker-*.log")))
 
 
+def _assert_resized_in_place(result: dict[str, object], logs: Path, resizes: list[tuple[int, int]]) -> str:
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == resizes  # type: ignore[attr-defined]
+    text = _worker_logs(logs)
+    assert text.count("ready at step") == 1, "a worker restarted"
+    return text
+
+
 def _assert_matches_a_fixed_run(env: dict[str, str], tmp: Path) -> None:
     fixed = replace(
         TrainConfig.from_env(env),
@@ -69,13 +77,10 @@ def _assert_matches_a_fixed_run(env: dict[str, str], tmp: Path) -> None:
 def test_a_hard_kill_is_recovered_in_place(tmp_path: Path) -> None:
     env = _job(tmp_path, max_workers=3)
     result = run_local(3, parse_schedule("20:!1"), env, tmp_path / "logs", timeout_s=600)
-    assert result.get("finished") is True, result
     # the first world waited for all three agents, the kill shrank it once, in the survivors' processes
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(3, 2)]
-    logs = _worker_logs(tmp_path / "logs")
+    logs = _assert_resized_in_place(result, tmp_path / "logs", [(3, 2)])
     assert "-> in place (1 of 3 ranks lost)" in logs
-    assert logs.count("ready at step") == 1, "a worker restarted"
-    assert result["agentExitCodes"][:2] == [0, 0]
+    assert result["agentExitCodes"][:2] == [0, 0]  # type: ignore[index]
     _assert_matches_a_fixed_run(env, tmp_path)
 
 
@@ -83,10 +88,7 @@ def test_a_hard_kill_is_recovered_in_place(tmp_path: Path) -> None:
 def test_a_join_is_admitted_in_place(tmp_path: Path) -> None:
     env = _job(tmp_path, max_workers=3)
     result = run_local(2, parse_schedule("15:+1"), env, tmp_path / "logs", timeout_s=600)
-    assert result.get("finished") is True, result
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 3)]
-    logs = _worker_logs(tmp_path / "logs")
+    logs = _assert_resized_in_place(result, tmp_path / "logs", [(2, 3)])
     assert "joining the running world in place" in logs and "resizing 2->3 in process" in logs
-    assert logs.count("ready at step") == 1, "a worker restarted"
     assert result["agentExitCodes"] == [0, 0, 0]
     _assert_matches_a_fixed_run(env, tmp_path)

@@ -23,45 +23,41 @@ from etj_trainer.regroup import StopCode
 from etj_trainer.trainer import StopFlag
 
 
-class LeaveAtStep(StopFlag):
-    """Behaves as if SIGTERM (pod leaving) arrived during step ``step`` (the code is read once a step)."""
+class _AtStep(StopFlag):
+    """Acts when step ``step``'s stop code is read (once a step: after its backward, before the commit)."""
 
     def __init__(self, step: int) -> None:
         super().__init__()
-        self._leave_step = step
+        self._at = step
         self._reads = 0
 
     @property
     def code(self) -> StopCode:
         self._reads += 1
-        if self._reads >= self._leave_step:
-            self.requested = True
-            return StopCode.LEAVING
-        return StopCode.RUN
+        return self.act() if self._reads >= self._at else StopCode.RUN
 
     @code.setter
     def code(self, value: StopCode) -> None:  # StopFlag.__init__ assigns it
         pass
 
+    def act(self) -> StopCode:
+        raise NotImplementedError
 
-class KillAtStep(StopFlag):
-    """SIGKILLs this process when step ``step``'s stop code is read: after its backward, before the commit."""
 
-    def __init__(self, step: int) -> None:
-        super().__init__()
-        self._kill_step = step
-        self._reads = 0
+class LeaveAtStep(_AtStep):
+    """Behaves as if SIGTERM (pod leaving) arrived during the step."""
 
-    @property
-    def code(self) -> StopCode:
-        self._reads += 1
-        if self._reads >= self._kill_step:
-            os.kill(os.getpid(), signal.SIGKILL)
+    def act(self) -> StopCode:
+        self.requested = True
+        return StopCode.LEAVING
+
+
+class KillAtStep(_AtStep):
+    """SIGKILLs this process inside the step (a crash: no exit path runs)."""
+
+    def act(self) -> StopCode:
+        os.kill(os.getpid(), signal.SIGKILL)
         return StopCode.RUN
-
-    @code.setter
-    def code(self, value: StopCode) -> None:
-        pass
 
 
 def _rank_main(
