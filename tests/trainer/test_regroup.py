@@ -73,6 +73,13 @@ def test_decide(case: str) -> None:
     assert decide([int(c) for c in codes], min_ranks, enabled) == expected
 
 
+def test_the_choice_is_logged_with_its_reason() -> None:
+    assert decide([R, L], 1, True).describe() == "in place (graceful leave)"
+    assert decide([X, R], 1, True).describe() == (
+        "restart the world (an agent is restarting its workers (a node is joining))"
+    )
+
+
 def test_new_ranks_keep_the_survivors_order() -> None:
     d = decide([L, R, L, R], 1, True)
     assert [d.new_rank(r) for r in d.survivors] == [0, 1] and d.survivors == (1, 3)

@@ -45,6 +45,10 @@ class Regroup:
     def new_rank(self, old_rank: int) -> int:
         return self.survivors.index(old_rank)
 
+    def describe(self) -> str:
+        """The log line of the choice: in place or the restart path, and why."""
+        return f"{'in place' if self.in_process else 'restart the world'} ({self.reason})"
+
 
 def decide(codes: list[int], min_ranks: int, enabled: bool) -> Regroup:
     """What the world does after a step in which some ranks asked to stop (``codes[r]`` per old rank)."""

@@ -485,6 +485,8 @@ def _after_step(
             codes, cfg.min_workers * w.local_size, w.dist_on and regroup.enabled_from_env()
         )
         loop.survivors_go_on = decision.in_process
+        if w.rank == 0:
+            print(f"etj: after step {st.step}: {decision.describe()}", flush=True)
         if decision.in_process and w.rank in decision.survivors:
             regroup_to = decision
     shared_due = cfg.checkpoint_interval_steps > 0 and st.step % cfg.checkpoint_interval_steps == 0
