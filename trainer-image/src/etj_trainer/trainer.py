@@ -531,7 +531,7 @@ def _regroup(
     """The world changes in process: survivors of a graceful leave or of a crashed peer re-form among
     themselves, or old ranks admit joiners (a joiner comes here with its ticket); every rank then holds the
     newest committed step and goes on with the next step."""
-    old_size = w.size
+    old_size, t0 = w.size, time.monotonic()
     if isinstance(to, join.Ticket):  # this rank joins: its first group, then the state from rank 0
         regroup.reform(to.key, to.rank, to.size)
         old_size = to.old_size
@@ -550,7 +550,11 @@ def _regroup(
     else:
         regroup.reform(f"{loop.inc:.6f}/{st.step}", to.new_rank(w.rank), len(to.survivors))
     new = World.current()
-    print(f"etj: resizing {old_size}->{new.size} in process at step {st.step}", flush=True)
+    print(
+        f"etj: resizing {old_size}->{new.size} in process at step {st.step} "
+        f"(world re-formed, state agreed in {time.monotonic() - t0:.2f} s)",
+        flush=True,
+    )
     loop.prev_world, loop.resize_pending, loop.restored_step, loop.last_reported_step = (
         old_size,
         True,
