@@ -225,13 +225,19 @@ def fallback_reason(exc: BaseException, enabled: bool, last_failed_step: int | N
     return None
 
 
-def lost_or_raise(exc: BaseException, enabled: bool, last_failed_step: int | None, step: int) -> Lost:
+def lost_or_raise(
+    exc: BaseException, enabled: bool, last_failed_step: int | None, step: int, since_step_s: float = 0.0
+) -> Lost:
     """The trainer's catch of a failed step: a ``Lost`` to recover from, or the error re-raised."""
     reason = fallback_reason(exc, enabled, last_failed_step, step)
     if reason is not None:
         print(f"etj: step {step + 1} failed; restarting the world ({reason})", flush=True)
         raise exc
-    print(f"etj: step {step + 1} failed ({str(exc).splitlines()[0][:120]}); recovering in place", flush=True)
+    print(
+        f"etj: step {step + 1} failed {since_step_s:.2f} s after step {step} "
+        f"({str(exc).splitlines()[0][:100]}); recovering in place",
+        flush=True,
+    )
     return Lost(exc)
 
 

@@ -359,7 +359,8 @@ def _run_membership(
             )
         except Exception as e:  # a peer died mid-step: recover in place, or re-raise (torch elastic restarts)
             _close(loader)
-            return recover.lost_or_raise(e, loop.watch is not None, loop.last_failed_step, st.step)
+            since = time.monotonic() - loop.t_last
+            return recover.lost_or_raise(e, loop.watch is not None, loop.last_failed_step, st.step, since)
         regroup_to, stop_now = _after_step(cfg, st, w, loop, codes)
         if stop_now:
             loop.stopped_early = regroup_to is None
