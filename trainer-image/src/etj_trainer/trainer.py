@@ -3,17 +3,21 @@
 Per step: the elastic sampler gives the step's global indices; the LR schedule is evaluated at the samples
 seen (schedule.py) and composed with the Dynamic SGD multiplier; this rank takes its share, runs it in
 micro-batches (gradient accumulation under ``no_sync``, autocast/GradScaler per ``precision``), scales its
-summed loss so DDP's average is the global mean gradient (see batching.py), steps the optimizer, and then
-one small all-reduce carries the loss and a "stop" flag. The flag is how a SIGTERM on any rank becomes a
-clean stop of *every* rank at the same step boundary: the state is checkpointed (shared copy: just in time;
-local copy: every step), the rank that got the signal exits 0 and the others exit ``EXIT_RESIZE`` so their
-agents re-rendezvous at once -- or, for a graceful leave, the survivors re-form the world in process.
+summed loss so DDP's average is the global mean gradient (see batching.py); then one small all-reduce
+carries the loss and a "stop" code per rank -- the step's commit point -- and only then does the optimizer
+step. The code is how a SIGTERM on any rank becomes a clean stop of *every* rank at the same step boundary:
+the state is checkpointed (shared copy: just in time; local copy: every step), the rank that got the signal
+exits 0 and the others exit ``EXIT_RESIZE`` so their agents re-rendezvous at once -- or, for a graceful
+leave, the survivors re-form the world in process (regroup.py). Rank 0's code also admits waiting joiners
+in process (join.py), and a step that fails because a peer died is redone in process by the survivors
+(recover.py): before the commit point nothing in memory has changed.
 
 Parts: ``World`` (who we are in this membership), ``State`` (what a step changes and a checkpoint holds),
 ``Loop`` (rate, loss, reporting, the pending resize entry); ``_build``/``_restore`` (start),
 ``_run_membership`` (the steps of one membership), ``_train_step`` (one step), ``_after_step`` (resize
-log, checkpoint, progress), ``_regroup`` (in-process resize), ``_finish`` (final checkpoint, validation,
-the final report).
+log, checkpoint, progress), ``_regroup`` (in-process resize: leave, join, crash), ``_sync_state`` (the
+newest committed step from a peer, tensor by tensor), ``_finish`` (final checkpoint, validation, the final
+report).
 
 Why one module over ~400 lines: these parts share ``World``/``State``/``Loop`` and are read in order as
 one loop; each function is short (the longest under 60 lines). The natural next cut is the public
