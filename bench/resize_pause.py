@@ -126,11 +126,17 @@ def measure(arm: str, log_root: Path, event_timeout: float) -> dict[str, float |
         for _ in range(3):
             cluster.start_agent()
         wait_progress(url, lambda d: d.get("worldSize") == 3 and d.get("step", 0) >= 20, 300)
+        gone: list[subprocess.Popen[bytes]] = []  # signalled already (a leaver may take a while to exit)
+
+        def victim() -> subprocess.Popen[bytes]:
+            gone.append([a for a in cluster.alive() if a not in gone][-1])
+            return gone[-1]
+
         events = [
             # 3 -> 2: a graceful spot notice (SIGTERM to one agent)
-            ("loss_3to2", 2, lambda: cluster.alive()[-1].send_signal(signal.SIGTERM)),
+            ("loss_3to2", 2, lambda: victim().send_signal(signal.SIGTERM)),
             # 2 -> 1: a lost node (the local launcher's !1: the node's whole process group at once)
-            ("kill_2to1", 1, lambda: os.killpg(cluster.alive()[-1].pid, signal.SIGKILL)),
+            ("kill_2to1", 1, lambda: os.killpg(victim().pid, signal.SIGKILL)),
             # 1 -> 2: a new agent process starts
             ("gain_1to2", 2, cluster.start_agent),
         ]
