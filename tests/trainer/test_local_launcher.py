@@ -26,9 +26,9 @@ def test_scale_down_and_up_keeps_exactly_once(tmp_path: Path) -> None:
     result = run_local(2, parse_schedule("20:-1,40:+1"), env, tmp_path / "logs", timeout_s=600)
     assert result.get("finished") is True, result
     assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1), (1, 2)]  # type: ignore[index]
-    # the graceful 2 -> 1 happened in the survivor's process (regroup.py), the 1 -> 2 through a restart
+    # the graceful 2 -> 1 happened in the survivor's process (regroup.py), the 1 -> 2 too (join.py)
     logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
-    assert "resizing 2->1 in process" in logs and "resizing 1->2 in process" not in logs
+    assert "resizing 2->1 in process" in logs and "resizing 1->2 in process" in logs
     assert isinstance(result.get("accuracy"), float) and result["accuracy"] > 0.8  # type: ignore[operator]
     _assert_exactly_once(samples, epochs=6)
 

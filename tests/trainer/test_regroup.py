@@ -21,7 +21,7 @@ from etj_trainer.regroup import Regroup, StopCode, decide
 from etj_trainer.trainer import StopFlag
 from etj_trainer.worldsim import run_world
 
-R, L, X = StopCode.RUN, StopCode.LEAVING, StopCode.RESTARTING
+R, L, X, A = StopCode.RUN, StopCode.LEAVING, StopCode.RESTARTING, StopCode.ADMIT
 
 DECISIONS = {
     "one of two leaves: the other goes on alone": ([R, L], 1, True, Regroup((0,), True, "graceful leave")),
@@ -34,6 +34,24 @@ DECISIONS = {
         Regroup((2,), False, "an agent is restarting its workers (a node is joining)"),
     ),
     "everyone leaves": ([L, L], 1, True, Regroup((), False, "every rank is leaving")),
+    "rank 0 admits joiners: everyone goes on": (
+        [A, R, R],
+        1,
+        True,
+        Regroup((0, 1, 2), True, "admit joiners", True),
+    ),
+    "a leave goes first; the joiners wait one more step": (
+        [A, L, R],
+        1,
+        True,
+        Regroup((0, 2), True, "graceful leave"),
+    ),
+    "a restarting agent wins over an admission": (
+        [A, X],
+        1,
+        True,
+        Regroup((0,), False, "an agent is restarting its workers (a node is joining)"),
+    ),
     "below the minimum: torch elastic waits for capacity": (
         [R, L, L],
         2,
@@ -53,6 +71,13 @@ DECISIONS = {
 def test_decide(case: str) -> None:
     codes, min_ranks, enabled, expected = DECISIONS[case]
     assert decide([int(c) for c in codes], min_ranks, enabled) == expected
+
+
+def test_the_choice_is_logged_with_its_reason() -> None:
+    assert decide([R, L], 1, True).describe() == "in place (graceful leave)"
+    assert decide([X, R], 1, True).describe() == (
+        "restart the world (an agent is restarting its workers (a node is joining))"
+    )
 
 
 def test_new_ranks_keep_the_survivors_order() -> None:

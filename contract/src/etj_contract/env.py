@@ -248,6 +248,9 @@ DATA_CACHE = _var("DATA_CACHE", Path, "where converted datasets are cached (defa
 COLLECTIVE_TIMEOUT_S = _var(
     "COLLECTIVE_TIMEOUT_S", int, "bound on a collective whose peer vanished, seconds (default 120)"
 )
+PEER_DEAD_AFTER_S = _var(
+    "PEER_DEAD_AFTER_S", float, "a peer whose heartbeat stops this long is lost: recover in place (default 1)"
+)
 LOG_LEVEL = _var("LOG_LEVEL", str, "the elastic agent's log level (default WARNING)")
 # The elastic agent (etj-train worker); docs/trainer.md explains each.
 LAST_CALL_TIMEOUT = _var("LAST_CALL_TIMEOUT", float, "seconds a round below max size waits for stragglers")
@@ -263,6 +266,9 @@ FAST_RESTART = _var(
 # ---- set by the agent for its workers ------------------------------------------------------------------
 AGENT_STATE_FILE = _var(
     "AGENT_STATE_FILE", Path, "tells workers whether a SIGTERM means leave or restart", set_by=SetBy.AGENT
+)
+JOIN_IN_PLACE = _var(
+    "JOIN_IN_PLACE", truthy, "this worker joins the running world at a step boundary", set_by=SetBy.AGENT
 )
 AGENT_PID = _var("AGENT_PID", int, "the agent's pid: its forkserver dies with it", set_by=SetBy.AGENT)
 

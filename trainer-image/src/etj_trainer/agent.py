@@ -150,6 +150,18 @@ class AgentConfig:
 
 def worker_entry() -> None:
     """What each worker process runs (RANK, WORLD_SIZE, MASTER_* come from the agent)."""
+    _worker(join_in_place=False)
+
+
+def join_worker_entry(local_rank: int, nproc: int) -> None:
+    """A worker of a node that joins the running world in place (started by this agent, not torch's)."""
+    os.environ.update(
+        {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(nproc), etj_env.JOIN_IN_PLACE.name: "1"}
+    )
+    _worker(join_in_place=True)
+
+
+def _worker(join_in_place: bool) -> None:
     from etj_trainer.lifetime import die_with_parent
 
     die_with_parent()  # first of all: a worker whose forkserver or agent is gone must not train on
@@ -164,10 +176,12 @@ def worker_entry() -> None:
     stop.install()  # a SIGTERM during start-up must still end in a checkpoint, not a crash
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
     cfg = TrainConfig.from_env()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=collective_timeout())
+    if not join_in_place:  # a joiner forms its first group when the world admits it (join.py)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=collective_timeout())
     result = train(cfg, stop)
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     if result.stopped_early:
         if not stop.requested:
             sys.exit(EXIT_RESIZE)  # a peer is leaving: fail fast so our agent re-rendezvouses now
@@ -269,6 +283,104 @@ def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
     return t
 
 
+START_WAIT_S = 30.0  # the most the first world waits for agents still warming up
+
+
+def start_wait_over(arrived: int, ready: int, formed: bool, waited_s: float, bound_s: float) -> bool:
+    """May this (warm) agent join the rendezvous? Before the job's first world forms, not until every agent
+    that has started is warm too (bounded): otherwise the first round closes with the fastest few and the
+    world restarts as each of the others arrives (0 -> 2 -> 4)."""
+    return formed or ready >= arrived or waited_s >= bound_s
+
+
+class StartGate:
+    """The agents' count on the external store: ``arrived`` at process start, ``ready`` once warm."""
+
+    def __init__(self, endpoint: str, run_id: str) -> None:
+        import torch.distributed as dist
+
+        host, _, port = endpoint.rpartition(":")
+        self.store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+        self.prefix = f"etj-start/{run_id}"
+        self.store.add(f"{self.prefix}/arrived", 1)
+
+    ready = 0  # agents warm when this one stopped waiting
+
+    def wait(self, bound_s: float = START_WAIT_S) -> bool:
+        """Returns whether the job's first world had formed already (this agent is a joiner)."""
+        p, t0 = self.prefix, time.monotonic()
+        self.store.add(f"{p}/ready", 1)
+        formed_before = self.store.check([f"{p}/formed"])
+        while True:
+            arrived, ready = self.store.add(f"{p}/arrived", 0), self.store.add(f"{p}/ready", 0)
+            self.ready = int(ready)
+            formed = self.store.check([f"{p}/formed"])
+            if start_wait_over(arrived, ready, formed, time.monotonic() - t0, bound_s):
+                break
+            time.sleep(0.05)
+        if not formed:
+            print(
+                f"etj-train worker: {ready} of {arrived} agents warm after {time.monotonic() - t0:.2f} s",
+                flush=True,
+            )
+        self.store.set(f"{p}/formed", "1")
+        return bool(formed_before)
+
+
+def _set_min_nodes(handler: Any, n: int) -> bool:
+    """torch's rendezvous settings are frozen and private; its join op reads ``min_nodes`` on every poll."""
+    try:
+        object.__setattr__(handler._settings, "min_nodes", n)
+        return True
+    except Exception as e:  # guarded: the last call alone decides the first round then
+        log.warning("could not set the rendezvous' min_nodes: %s", e)
+        return False
+
+
+def first_round_min_nodes(handler: Any, n: int, job_min: int, bound_s: float) -> None:
+    """The first round completes only with ``n`` nodes, for at most ``bound_s`` (then the job's minimum)."""
+    if n > job_min and _set_min_nodes(handler, n):
+        timer = threading.Timer(bound_s, _set_min_nodes, args=(handler, job_min))
+        timer.daemon = True
+        timer.start()
+
+
+def run_joiners(cfg: AgentConfig) -> int | None:
+    """This node's workers join the running world in place (join.py); torch elastic's agent is not used,
+    so no other agent restarts its workers. Returns the exit code, or None: take the restart path."""
+    ctx = multiprocessing.get_context("forkserver")
+    procs = [
+        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node)) for i in range(cfg.nproc_per_node)
+    ]
+    stopping: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.append(signum)  # the pod is leaving: the workers leave at a step boundary (stop code)
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+
+    old = signal.signal(signal.SIGTERM, forward)
+    try:
+        print(f"etj-train worker: joining the running world in place at {time.time():.3f}", flush=True)
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    codes = [p.exitcode for p in procs]
+    if stopping:
+        return 128 + stopping[0]
+    if all(c == 0 for c in codes):
+        return 0
+    print(
+        f"etj-train worker: in-place join ended with exit codes {codes}; joining the rendezvous", flush=True
+    )
+    return None
+
+
 def run_agent(cfg: AgentConfig) -> int:
     # Without this, an agent that stays group rank 0 across rounds does not re-publish MASTER_ADDR for the
     # new round and a joining agent waits forever for it (seen here on a 1->2 scale-up, torch 2.14).
@@ -291,6 +403,7 @@ def run_agent(cfg: AgentConfig) -> int:
 
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
 
+    gate = StartGate(cfg.endpoint, cfg.run_id) if cfg.fast_restart else None
     start_method = "spawn"
     if warmup is not None:
         warmup.join()  # join the rendezvous only when a worker can start with a fork
@@ -310,6 +423,10 @@ def run_agent(cfg: AgentConfig) -> int:
         handler = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
 
     class EtjAgent(LocalElasticAgent):
+        def _rendezvous(self, worker_group: Any) -> None:
+            super()._rendezvous(worker_group)
+            _set_min_nodes(handler, cfg.min_nodes)  # later rounds (the restart path): the job's minimum
+
         def _restart_workers(self, worker_group: Any) -> None:
             # Our workers must stop *for a restart*, not survive in place: say so before signalling.
             write_agent_state(state_file, AGENT_RESTARTING)
@@ -333,6 +450,18 @@ def run_agent(cfg: AgentConfig) -> int:
         monitor_interval=cfg.monitor_interval,
     )
     agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
+    if gate is not None:
+        if gate.wait():  # the job's world formed already: this agent is a joiner
+            from etj_trainer.join import door_open
+
+            if door_open(gate.store, cfg.run_id):  # a running world admits joiners at a step boundary
+                rc = run_joiners(cfg)
+                if rc is not None:
+                    return rc
+        elif warmup is not None:
+            # The first round waits for every agent that was warm with us (bounded), not the last call
+            # only: on a busy node a warm agent's join can take longer than the last call.
+            first_round_min_nodes(handler, min(gate.ready, cfg.max_nodes), cfg.min_nodes, START_WAIT_S)
     # Wall-clock time: bench/resize_pause.py measures a joiner's pause from this line.
     print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:

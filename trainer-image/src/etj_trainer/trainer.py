@@ -3,17 +3,21 @@
 Per step: the elastic sampler gives the step's global indices; the LR schedule is evaluated at the samples
 seen (schedule.py) and composed with the Dynamic SGD multiplier; this rank takes its share, runs it in
 micro-batches (gradient accumulation under ``no_sync``, autocast/GradScaler per ``precision``), scales its
-summed loss so DDP's average is the global mean gradient (see batching.py), steps the optimizer, and then
-one small all-reduce carries the loss and a "stop" flag. The flag is how a SIGTERM on any rank becomes a
-clean stop of *every* rank at the same step boundary: the state is checkpointed (shared copy: just in time;
-local copy: every step), the rank that got the signal exits 0 and the others exit ``EXIT_RESIZE`` so their
-agents re-rendezvous at once -- or, for a graceful leave, the survivors re-form the world in process.
+summed loss so DDP's average is the global mean gradient (see batching.py); then one small all-reduce
+carries the loss and a "stop" code per rank -- the step's commit point -- and only then does the optimizer
+step. The code is how a SIGTERM on any rank becomes a clean stop of *every* rank at the same step boundary:
+the state is checkpointed (shared copy: just in time; local copy: every step), the rank that got the signal
+exits 0 and the others exit ``EXIT_RESIZE`` so their agents re-rendezvous at once -- or, for a graceful
+leave, the survivors re-form the world in process (regroup.py). Rank 0's code also admits waiting joiners
+in process (join.py), and a step that fails because a peer died is redone in process by the survivors
+(recover.py): before the commit point nothing in memory has changed.
 
 Parts: ``World`` (who we are in this membership), ``State`` (what a step changes and a checkpoint holds),
 ``Loop`` (rate, loss, reporting, the pending resize entry); ``_build``/``_restore`` (start),
 ``_run_membership`` (the steps of one membership), ``_train_step`` (one step), ``_after_step`` (resize
-log, checkpoint, progress), ``_regroup`` (in-process resize), ``_finish`` (final checkpoint, validation,
-the final report).
+log, checkpoint, progress), ``_regroup`` (in-process resize: leave, join, crash), ``_sync_state`` (the
+newest committed step from a peer, tensor by tensor), ``_finish`` (final checkpoint, validation, the final
+report).
 
 Why one module over ~400 lines: these parts share ``World``/``State``/``Loop`` and are read in order as
 one loop; each function is short (the longest under 60 lines). The natural next cut is the public
@@ -41,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
-from etj_trainer import recipe, regroup
+from etj_trainer import join, recipe, recover, regroup
 from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore
 from etj_trainer.config import TrainConfig
@@ -52,7 +56,13 @@ from etj_trainer.progress import ProgressReporter, get_json
 from etj_trainer.sample_log import SampleLog
 from etj_trainer.sampler import ElasticSampler
 from etj_trainer.schedule import LrSchedule, lr_factor, position
-from etj_trainer.state_sync import agree_on_checkpoint, capture_rng, restore_rng
+from etj_trainer.state_sync import (
+    agree_on_checkpoint,
+    broadcast_state,
+    capture_rng,
+    newest_step,
+    restore_rng,
+)
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +202,9 @@ class Loop:
     t_last: float = field(default_factory=time.monotonic)
     stopped_early: bool = False  # stopped by a SIGTERM somewhere in the world
     survivors_go_on: bool = False  # this rank leaves and the others re-form the world without it
+    door: join.Door | None = None  # rank 0: admits joiners at a step boundary
+    watch: recover.Heartbeat | None = None  # this rank's heartbeat (in-place crash recovery)
+    last_failed_step: int | None = None  # the committed step at the last in-place crash recovery
 
 
 def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
@@ -216,8 +229,11 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     t_data = time.monotonic()
     st = _build(cfg, w, train_src.num_samples, dtype)
     t_restore = time.monotonic()
-    src = _restore(st, w)
-    if w.rank == 0:
+    joiner = join.joining()  # warm now (model, data); the state comes from a peer once admitted
+    src = None if joiner else _restore(st, w)
+    if joiner:
+        print(f"etj: joiner warm in {time.monotonic() - t_start:.2f} s; asking to be admitted", flush=True)
+    elif w.rank == 0:
         # Where a (re)start spends its time: part of every restart-based resize pause.
         print(
             f"etj: rank 0 of {w.size} ready at step {st.step} in {time.monotonic() - t_start:.2f} s "
@@ -227,7 +243,7 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         )
     prev_world = int(st.meta["world_size"]) if "world_size" in st.meta else None
     loop = Loop(
-        reporter=ProgressReporter(cfg.progress_url if w.rank == 0 else ""),
+        reporter=ProgressReporter(cfg.progress_url if w.rank == 0 and not joiner else ""),
         inc=_incarnation(w.dist_on),
         restored_step=st.step,
         prev_world=prev_world,
@@ -235,6 +251,14 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     )
     if w.rank == 0 and prev_world is not None and cfg.progress_url:
         loop.last_reported_step = (get_json(cfg.progress_url) or {}).get("step")
+    loop.watch = recover.watch(w.dist_on and regroup.enabled_from_env(), loop.inc, w.rank)
+    loop.door = join.Door.open() if loop.watch is not None and w.rank == 0 else None
+    if joiner:
+        ticket = join.ask()
+        if ticket is None:  # never admitted: the restart path (our agent joins the rendezvous)
+            print("etj: not admitted in place; restarting through the rendezvous", flush=True)
+            return TrainResult(st.step, st.sampler.epoch, True, None, math.nan, 0)
+        w = _regroup(cfg, st, w, loop, ticket)
     while True:  # one pass per membership of the world; a graceful leave starts the next pass in-process
         regroup_to = _run_membership(cfg, st, w, loop, train_src, stop)
         if regroup_to is None:
@@ -270,6 +294,30 @@ def _restore(st: State, w: World) -> int | None:
     state, src = agree_on_checkpoint(st.ckpts, w.rank, w.size)
     if state is None:
         return None
+    _load(st, state)
+    return src
+
+
+def _sync_state(st: State, w: World, behind: bool = False) -> None:
+    """After an in-place re-form: every rank takes the newest committed step, tensor by tensor from the
+    lowest rank holding it (a no-op when all agree, as they do unless a peer died inside the commit)."""
+    best, src, steps = newest_step(-1 if behind else st.step)
+    if all(s == best for s in steps):
+        return
+    live = st.model.state_dict()
+    state = broadcast_state(
+        _state_dict(st, w) if w.rank == src else None,
+        src,
+        w.rank,
+        lambda path, _shape, _dtype: live.get(path[1]) if path[:1] == ("model",) and len(path) == 2 else None,
+        w.device,
+    )
+    if w.rank != src:
+        _load(st, state)
+    print(f"etj: state of step {best} from rank {src} (steps were {steps})", flush=True)
+
+
+def _load(st: State, state: dict[str, Any]) -> None:
     st.model.load_state_dict(state["model"])
     st.opt.load_state_dict(state["optimizer"])
     if st.scaler is not None and "scaler" in state:
@@ -277,13 +325,13 @@ def _restore(st: State, w: World) -> int | None:
     st.sampler.load_state_dict(state["sampler"])
     restore_rng(state["rng"])
     st.step, st.meta = int(state["step"]), dict(state["meta"])
-    return src
 
 
 def _run_membership(
     cfg: TrainConfig, st: State, w: World, loop: Loop, train_src: BatchSource, stop: StopFlag
-) -> regroup.Regroup | None:
-    """The steps of one membership; returns where to regroup to when survivors of a leave go on."""
+) -> regroup.Regroup | recover.Lost | None:
+    """The steps of one membership; returns where to regroup to when survivors of a leave (or of a crashed
+    peer) go on."""
     ddp: nn.Module = st.model
     if w.dist_on:
         ddp = nn.parallel.DistributedDataParallel(
@@ -309,7 +357,14 @@ def _run_membership(
     regroup_to: regroup.Regroup | None = None
     ddp.train()
     while st.running(cfg):
-        codes = _train_step(cfg, st, w, ddp, plan, loader, train_src.sample_shape, stop, samples_log, loop)
+        try:
+            codes = _train_step(
+                cfg, st, w, ddp, plan, loader, train_src.sample_shape, stop, samples_log, loop
+            )
+        except Exception as e:  # a peer died mid-step: recover in place, or re-raise (torch elastic restarts)
+            _close(loader)
+            since = time.monotonic() - loop.t_last
+            return recover.lost_or_raise(e, loop.watch is not None, loop.last_failed_step, st.step, since)
         regroup_to, stop_now = _after_step(cfg, st, w, loop, codes)
         if stop_now:
             loop.stopped_early = regroup_to is None
@@ -348,11 +403,6 @@ def _train_step(
         scale=w.size / len(gidx),
         sample_shape=sample_shape,
     )
-    if st.scaler is not None:
-        st.scaler.step(st.opt)  # skips the step (and lowers the scale) on inf/nan gradients
-        st.scaler.update()
-    else:
-        st.opt.step()
     if cfg.min_step_seconds > 0:
         time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - loop.t_last)))
     if samples_log:
@@ -361,12 +411,18 @@ def _train_step(
         # that never commits is harmless: the redo logs it again under a newer incarnation, and the
         # checker keeps the newest.
         samples_log.write(st.sampler.epoch, st.step + 1, w.size, mine, lr=lr)
-    # The loss and one stop-code slot per rank: after this all-reduce every rank knows who stops.
+    # The commit: the loss and one stop-code slot per rank; after it every rank knows who stops. Before the
+    # optimizer step, so a collective that fails (a peer died) leaves the last committed step in memory.
     stats = torch.zeros(1 + w.size, dtype=torch.float64)
     stats[0] = loss_sum
-    stats[1 + w.rank] = float(stop.code)
+    stats[1 + w.rank] = float(stop.code or join.code(loop.door))
     if w.dist_on:
         dist.all_reduce(stats)
+    if st.scaler is not None:
+        st.scaler.step(st.opt)  # skips the step (and lowers the scale) on inf/nan gradients
+        st.scaler.update()
+    else:
+        st.opt.step()
     st.sampler.commit(len(gidx))
     st.step += 1
     st.meta["samples_seen"] = int(st.meta["samples_seen"]) + len(gidx)
@@ -434,6 +490,8 @@ def _after_step(
             codes, cfg.min_workers * w.local_size, w.dist_on and regroup.enabled_from_env()
         )
         loop.survivors_go_on = decision.in_process
+        if w.rank == 0:
+            print(f"etj: after step {st.step}: {decision.describe()}", flush=True)
         if decision.in_process and w.rank in decision.survivors:
             regroup_to = decision
     shared_due = cfg.checkpoint_interval_steps > 0 and st.step % cfg.checkpoint_interval_steps == 0
@@ -472,18 +530,50 @@ def _record_resize(st: State, w: World, loop: Loop) -> None:
     print(f"etj: resize {loop.prev_world}->{w.size} done at step {st.step}", flush=True)
 
 
-def _regroup(cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regroup) -> World:
-    """Survivors of a graceful leave: a new process group among themselves, same state, next step."""
-    regroup.reform(f"{loop.inc:.6f}/{st.step}", to.new_rank(w.rank), len(to.survivors))
+def _regroup(
+    cfg: TrainConfig, st: State, w: World, loop: Loop, to: regroup.Regroup | recover.Lost | join.Ticket
+) -> World:
+    """The world changes in process: survivors of a graceful leave or of a crashed peer re-form among
+    themselves, or old ranks admit joiners (a joiner comes here with its ticket); every rank then holds the
+    newest committed step and goes on with the next step."""
+    old_size, t0 = w.size, time.monotonic()
+    if isinstance(to, join.Ticket):  # this rank joins: its first group, then the state from rank 0
+        regroup.reform(to.key, to.rank, to.size)
+        old_size = to.old_size
+        _sync_state(st, World.current(), behind=True)
+    elif isinstance(to, regroup.Regroup) and to.admit:  # old ranks keep their numbers; joiners come after
+        membership, max_ranks = f"{loop.inc:.6f}", cfg.max_workers * w.local_size
+        adm = join.admission(loop.door, membership, st.step, w.rank, w.size, max_ranks)
+        if not adm.joiners:
+            return w  # they withdrew, or no room: nothing changes
+        regroup.reform(adm.key, w.rank, adm.new_size)
+        _sync_state(st, World.current())
+    elif isinstance(to, recover.Lost):
+        recover.recover_in_place(to, f"{loop.inc:.6f}", w.rank, w.size, cfg.min_workers * w.local_size)
+        loop.last_failed_step = st.step
+        _sync_state(st, World.current())
+    else:
+        regroup.reform(f"{loop.inc:.6f}/{st.step}", to.new_rank(w.rank), len(to.survivors))
     new = World.current()
-    print(f"etj: resizing {w.size}->{new.size} in process at step {st.step}", flush=True)
+    print(
+        f"etj: resizing {old_size}->{new.size} in process at step {st.step} "
+        f"(world re-formed, state agreed in {time.monotonic() - t0:.2f} s)",
+        flush=True,
+    )
     loop.prev_world, loop.resize_pending, loop.restored_step, loop.last_reported_step = (
-        w.size,
+        old_size,
         True,
         st.step,
         None,
     )
     loop.inc = _incarnation(True)
+    loop.survivors_go_on = False  # every rank of the old group that goes on is in the new one
+    if loop.watch is None:
+        loop.watch = recover.watch(regroup.enabled_from_env(), loop.inc, new.rank)  # a joiner's first world
+    else:
+        loop.watch.enter(f"{loop.inc:.6f}", new.rank)
+    if new.rank == 0 and loop.watch is not None and loop.door is None:
+        loop.door = join.Door.open()
     if new.rank == 0 and not loop.reporter.url:
         loop.reporter = ProgressReporter(cfg.progress_url)
     return new
@@ -516,6 +606,9 @@ def _finish(
             result = {"step": st.step, "loss": loop.loss, "accuracy": accuracy, "worldSize": w.size}
             print("ETJ_RESULT " + json.dumps(result), flush=True)
     loop.reporter.close()
+    for closing in (loop.watch, loop.door):
+        if closing is not None:
+            closing.close()
     train_src.close()
     if w.dist_on and not loop.survivors_go_on:
         dist.barrier()  # the survivors of an in-process resize have left this group already
@@ -549,6 +642,11 @@ def _save(st: State, w: World, shared: bool) -> None:
     # its node-local copy (which is what survivors restore from).
     if w.local_rank != 0 and w.rank != 0:
         return
+    st.ckpts.save(_state_dict(st, w), st.step, shared=shared and w.rank == 0, local=w.local_rank == 0)
+
+
+def _state_dict(st: State, w: World) -> dict[str, Any]:
+    """What a checkpoint holds (references to the live tensors: copy before training goes on)."""
     state = {
         "model": st.model.state_dict(),
         "optimizer": st.opt.state_dict(),
@@ -559,7 +657,7 @@ def _save(st: State, w: World, shared: bool) -> None:
     }
     if st.scaler is not None:
         state["scaler"] = st.scaler.state_dict()
-    st.ckpts.save(state, st.step, shared=shared and w.rank == 0, local=w.local_rank == 0)
+    return state
 
 
 def _progress(st: State, w: World, loop: Loop) -> dict[str, Any]:
