@@ -45,6 +45,25 @@ def test_a_hard_kill_takes_the_whole_node_and_the_world_shrinks(tmp_path: Path) 
     _assert_exactly_once(samples, epochs=3)  # through the crash too
 
 
+@pytest.mark.slow
+def test_dynamic_sgd_multiplier_is_one_at_the_minimum_with_two_procs_per_node(tmp_path: Path) -> None:
+    # regression (issue 14): the batch plan divided globalBatchSize by the minimum in pods and multiplied by
+    # the world in ranks, so a pod of 2 processes trained at the minimum with a 2x batch and a 2x LR
+    samples = tmp_path / "samples"
+    env = {
+        **_tiny_job(samples, epochs=1, min_step_seconds=0),
+        "ETJ_RESIZE_POLICY": "DynamicSGD",
+        "ETJ_MAX_STEPS": "4",
+        "ETJ_MAX_WORKERS": "1",
+    }
+    result = run_local(1, [], env, tmp_path / "logs", timeout_s=600, procs_per_node=2)
+    assert result.get("finished") is True, result
+    assert result["worldSize"] == 2  # ranks: 1 node x 2 processes, the job's minimum
+    assert result["lrMultiplier"] == 1.0
+    # globalBatchSize (32) is the batch at the minimum: 4 steps of 32 samples, 16 per rank
+    assert sum(len(ids) for ids in consumed_per_epoch(samples).values()) == 4 * 32
+
+
 def _tiny_job(samples: Path, epochs: int, min_step_seconds: float) -> dict[str, str]:
     """A 2-node digits job small enough for the suite, logging which samples each step used."""
     return {
