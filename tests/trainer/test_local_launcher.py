@@ -64,6 +64,58 @@ def test_dynamic_sgd_multiplier_is_one_at_the_minimum_with_two_procs_per_node(tm
     assert sum(len(ids) for ids in consumed_per_epoch(samples).values()) == 4 * 32
 
 
+# 2 nodes x 2 processes (issue 14): a pod's ranks come and go together. Float64 and FixedGlobalBatch, so
+# the run must end where one process training the same steps ends (<= 1e-9 relative), every sample once.
+
+
+@pytest.mark.slow
+def test_two_by_two_a_whole_node_leaves_in_place_and_one_joins(tmp_path: Path) -> None:
+    samples = tmp_path / "samples"
+    # 6 epochs x 45 steps at >= 0.15 s: the node started at step 30 has ~35 s to join (as the 1x1 test).
+    env = {**_tiny_job(samples, epochs=6, min_step_seconds=0.15), "ETJ_DTYPE": "float64"}
+    result = run_local(2, parse_schedule("12:-1,30:+1"), env, tmp_path / "logs", 600, procs_per_node=2)
+    assert result.get("finished") is True, result
+    # the trainer counts ranks: both of the leaving pod's ranks went at once, and the joiner brought two
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(4, 2), (2, 4)]  # type: ignore[index]
+    logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
+    assert "resizing 4->2 in process" in logs and "resizing 4->3" not in logs
+    assert result["worldSize"] == 4 and result["perRankBatch"] == 8 and result["perWorkerBatch"] == 16
+    _assert_exactly_once(samples, epochs=6)
+    _assert_matches_one_process(env, tmp_path)
+
+
+@pytest.mark.slow
+def test_two_by_two_a_hard_kill_takes_both_ranks_of_the_node(tmp_path: Path) -> None:
+    samples = tmp_path / "samples"
+    env = {**_tiny_job(samples, epochs=3, min_step_seconds=0.1), "ETJ_DTYPE": "float64"}
+    result = run_local(2, parse_schedule("15:!1"), env, tmp_path / "logs", 600, procs_per_node=2)
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(4, 2)]  # type: ignore[index]
+    _assert_exactly_once(samples, epochs=3)  # through the crash and the restore from the local copy
+    _assert_matches_one_process(env, tmp_path)
+
+
+def _assert_matches_one_process(env: dict[str, str], tmp_path: Path) -> None:
+    """The elastic run's final parameters equal those of one process training the same job (float64)."""
+    from etj_trainer.checkpoint import load_latest
+    from etj_trainer.config import TrainConfig
+    from etj_trainer.worldsim import run_world
+
+    fixed = TrainConfig.from_env(
+        env,
+        checkpoint_dir=tmp_path / "fixed",
+        local_checkpoint_dir=None,
+        sample_log_dir=None,
+        min_step_seconds=0.0,
+    )
+    run_world(fixed, 1)
+    a, b = load_latest(tmp_path / "fixed"), load_latest(tmp_path / "logs" / "checkpoints")
+    assert a is not None and b is not None and a.step == b.step
+    pa, pb = a.state["model"], b.state["model"]
+    rel = max(float((pa[k] - pb[k]).abs().max()) for k in pa) / max(float(pa[k].abs().max()) for k in pa)
+    assert rel <= 1e-9, f"max relative difference {rel:.3e}"
+
+
 def _tiny_job(samples: Path, epochs: int, min_step_seconds: float) -> dict[str, str]:
     """A 2-node digits job small enough for the suite, logging which samples each step used."""
     return {
