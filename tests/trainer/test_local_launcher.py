@@ -70,29 +70,33 @@ def test_dynamic_sgd_multiplier_is_one_at_the_minimum_with_two_procs_per_node(tm
 
 @pytest.mark.slow
 def test_two_by_two_a_whole_node_leaves_in_place_and_one_joins(tmp_path: Path) -> None:
-    samples = tmp_path / "samples"
     # 6 epochs x 45 steps at >= 0.15 s: the node started at step 30 has ~35 s to join (as the 1x1 test).
-    env = {**_tiny_job(samples, epochs=6, min_step_seconds=0.15), "ETJ_DTYPE": "float64"}
-    result = run_local(2, parse_schedule("12:-1,30:+1"), env, tmp_path / "logs", 600, procs_per_node=2)
-    assert result.get("finished") is True, result
-    # the trainer counts ranks: both of the leaving pod's ranks went at once, and the joiner brought two
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(4, 2), (2, 4)]  # type: ignore[index]
+    # The trainer counts ranks: both of the leaving pod's ranks went at once, and the joiner brought two.
+    result = _two_by_two(tmp_path, "12:-1,30:+1", epochs=6, min_step_seconds=0.15, resizes=[(4, 2), (2, 4)])
     logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
     assert "resizing 4->2 in process" in logs and "resizing 4->3" not in logs
     assert result["worldSize"] == 4 and result["perRankBatch"] == 8 and result["perWorkerBatch"] == 16
-    _assert_exactly_once(samples, epochs=6)
-    _assert_matches_one_process(env, tmp_path)
 
 
 @pytest.mark.slow
 def test_two_by_two_a_hard_kill_takes_both_ranks_of_the_node(tmp_path: Path) -> None:
+    # through the crash and the restore from the local copy
+    _two_by_two(tmp_path, "15:!1", epochs=3, min_step_seconds=0.1, resizes=[(4, 2)])
+
+
+def _two_by_two(
+    tmp_path: Path, schedule: str, epochs: int, min_step_seconds: float, resizes: list[tuple[int, int]]
+) -> dict[str, object]:
+    """2 nodes x 2 processes under ``schedule``: it finishes with these resizes (in ranks), every sample
+    once per epoch, and the parameters of one process training the same job."""
     samples = tmp_path / "samples"
-    env = {**_tiny_job(samples, epochs=3, min_step_seconds=0.1), "ETJ_DTYPE": "float64"}
-    result = run_local(2, parse_schedule("15:!1"), env, tmp_path / "logs", 600, procs_per_node=2)
+    env = {**_tiny_job(samples, epochs, min_step_seconds), "ETJ_DTYPE": "float64"}
+    result = run_local(2, parse_schedule(schedule), env, tmp_path / "logs", 600, procs_per_node=2)
     assert result.get("finished") is True, result
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(4, 2)]  # type: ignore[index]
-    _assert_exactly_once(samples, epochs=3)  # through the crash and the restore from the local copy
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == resizes  # type: ignore[index]
+    _assert_exactly_once(samples, epochs)
     _assert_matches_one_process(env, tmp_path)
+    return result
 
 
 def _assert_matches_one_process(env: dict[str, str], tmp_path: Path) -> None:
