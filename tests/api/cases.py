@@ -252,6 +252,37 @@ CASES: list[Case] = [
         "must be at least one sample per training process at replicas.max",
     ),
     Case(
+        "global-below-processes-per-pod",
+        _both(
+            _set("spec.trainer.resources.gpu", 0),
+            _set("spec.trainer.procsPerWorker", 32),  # 4 pods x 32 ranks > 64 samples
+        ),
+        "spec.training.globalBatchSize",
+        "must be at least one sample per training process at replicas.max",
+    ),
+    Case(
+        "dynamic-sgd-batch-not-a-multiple-of-the-minimum-ranks",
+        _both(
+            _set("spec.training.resizePolicy", "DynamicSGD"),
+            _set("spec.trainer.resources.gpu", 0),
+            _set("spec.trainer.procsPerWorker", 3),  # the batch at the minimum: 64 over 3 ranks
+        ),
+        "spec.training.globalBatchSize",
+        "must be a multiple of the training processes there",
+    ),
+    Case(
+        "procs-per-worker-zero",
+        _set("spec.trainer.procsPerWorker", 0),
+        "spec.trainer.procsPerWorker",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "procs-per-worker-above-gpus",
+        _set("spec.trainer.procsPerWorker", 2),  # the valid job has 1 GPU per pod
+        "spec.trainer.procsPerWorker",
+        "must not be greater than trainer.resources.gpu",
+    ),
+    Case(
         "resize-policy-enum",
         _set("spec.training.resizePolicy", "Adaptive"),
         "spec.training.resizePolicy",
@@ -532,6 +563,25 @@ UPDATES: list[Update] = [
         _set("spec.checkpoint", {"uri": "s3://bucket/job"}),
         True,
         "spec.checkpoint",
+        "are immutable",
+    ),
+    Update(
+        "procs-per-worker-immutable",
+        _set("spec.trainer.procsPerWorker", 1),  # the same count as the valid job's 1 GPU: allowed ...
+        False,
+    ),
+    Update(
+        "gpus-per-pod-immutable",
+        _set("spec.trainer.resources.gpu", 2),  # ... but 2 ranks per pod instead of 1 is not
+        True,
+        "spec.trainer.procsPerWorker",
+        "training processes per worker pod",
+    ),
+    Update(
+        "procs-per-worker-changed",
+        _both(_set("spec.trainer.resources.gpu", 0), _set("spec.trainer.procsPerWorker", 2)),
+        True,
+        "spec.trainer.procsPerWorker",
         "are immutable",
     ),
     # Elastic knobs stay editable: that is what `kubectl scale` and suspend are for.

@@ -59,6 +59,14 @@ def test_worker_env_follows_the_contract() -> None:
     assert names.index("ETJ_DATA") > names.index("ETJ_PROGRESS_URL")  # user env after the operator's
 
 
+def test_cpu_pods_run_procs_per_worker_processes() -> None:
+    # gpu: 0 with procsPerWorker: 2 -- two CPU ranks per pod, and no GPU requested
+    pod = _pod(trainer={"image": "t:1", "resources": {"gpu": 0, "cpu": 2}, "procsPerWorker": 2})
+    assert _env(pod)["ETJ_NPROC_PER_WORKER"] == "2"
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"cpu": "2"}
+
+
 def test_worker_command_defaults_to_etj_train_worker() -> None:
     assert _pod()["spec"]["containers"][0]["command"] == ["etj-train", "worker"]
 

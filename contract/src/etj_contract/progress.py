@@ -38,7 +38,8 @@ class TrainerResize(StrEnum):
 
 @dataclass(frozen=True)
 class ResizeRecord:
-    """One change of the trainer's world size, as the trainer saw it.
+    """One change of the trainer's world size, as the trainer saw it: ``from_``/``to`` count ranks (the
+    operator's status.resizeHistory counts worker pods: ranks / processes per pod).
 
     ``time`` (RFC 3339, UTC) is when the new world finished its first step; ``pauseSeconds`` is the time
     without steps around the change; ``stepsLost`` the steps redone after a restore.
@@ -91,13 +92,17 @@ _WIRE = {
     "samples_per_second": "samplesPerSecond",
     "loss": "loss",
     "world_size": "worldSize",
+    "per_rank_batch": "perRankBatch",
     "per_worker_batch": "perWorkerBatch",
     "accumulation_steps": "accumulationSteps",
     "lr_multiplier": "lrMultiplier",
     "lr": "lr",
     "accuracy": "accuracy",
 }
-_INTS = frozenset({"epoch", "step", "samples_seen", "world_size", "per_worker_batch", "accumulation_steps"})
+_INTS = frozenset(
+    {"epoch", "step", "samples_seen", "world_size", "per_rank_batch", "per_worker_batch"}
+    | {"accumulation_steps"}
+)
 
 
 @dataclass(frozen=True)
@@ -109,9 +114,10 @@ class ProgressDoc:
     samples_seen: int | None = None
     samples_per_second: float | None = None
     loss: float | None = None
-    world_size: int | None = None
-    per_worker_batch: int | None = None
-    accumulation_steps: int | None = None
+    world_size: int | None = None  # ranks (training processes), not pods
+    per_rank_batch: int | None = None  # the largest rank's share of the step
+    per_worker_batch: int | None = None  # the largest pod's share: its ranks' shares together
+    accumulation_steps: int | None = None  # micro-batches of the largest rank's share
     lr_multiplier: float | None = None
     lr: float | None = None  # the LR in force: base x schedule factor (samples seen) x lr_multiplier
     last_checkpoint: dict[str, Any] | None = None  # {step, path, time}

@@ -22,6 +22,11 @@ from etj_operator.api._base import (
 
 DEFAULT_COMMAND = ["etj-train", "worker"]
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+MAX_PROCS_PER_WORKER = 64
+PROCS_ABOVE_GPUS = (
+    "trainer.procsPerWorker must not be greater than trainer.resources.gpu (one GPU per training process); "
+    "use gpu: 0 for CPU processes"
+)
 # Variables the operator sets on every worker (etj_contract.env.OPERATOR_SET). Users may not override them;
 # other ETJ_* names (ETJ_DATA, ETJ_MODEL, ETJ_IMAGE_SIZE, ...) are trainer settings users may pass;
 # the recipe (ETJ_LR ... ETJ_VAL_RESIZE) comes from spec.training, so it has one source.
@@ -121,8 +126,8 @@ class WorkerResources(ApiModel):
         default=1,
         ge=0,
         le=64,
-        description="GPUs per worker pod (requested as gpuResourceName). Each GPU runs one training process; "
-        "0 runs one process on CPU.",
+        description="GPUs per worker pod (requested as gpuResourceName). Each GPU runs one training process "
+        "(trainer.procsPerWorker defaults to it); 0 trains on CPU.",
     )
     gpu_resource_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
         default=DEFAULT_GPU_RESOURCE, description="Extended resource name of the GPU device plugin."
@@ -188,6 +193,12 @@ class VolumeMount(ApiModel):
     read_only: bool = Field(default=False, description="Mount read-only (e.g. a shared dataset).")
 
 
+def procs_cel(obj: str) -> str:
+    """CEL: the training processes per pod of the TrainerSpec ``obj`` (TrainerSpec.procs, with defaults)."""
+    gpu = f"(has({obj}.resources) && has({obj}.resources.gpu) ? {obj}.resources.gpu : 1)"
+    return f"(has({obj}.procsPerWorker) ? {obj}.procsPerWorker : ({gpu} > 0 ? {gpu} : 1))"
+
+
 class TrainerSpec(ApiModel):
     """The container every worker runs."""
 
@@ -199,7 +210,20 @@ class TrainerSpec(ApiModel):
                 "self.volumes.exists(v, v.name == m.name))",
                 "every trainer.volumeMounts[].name must match the name of an entry in trainer.volumes",
                 field_path=".volumeMounts",
-            )
+            ),
+            cel(
+                "!has(self.procsPerWorker) || !has(self.resources) || !has(self.resources.gpu) || "
+                "self.resources.gpu == 0 || self.procsPerWorker <= self.resources.gpu",
+                PROCS_ABOVE_GPUS,
+                field_path=".procsPerWorker",
+            ),
+            cel(
+                # Every pod of a job must run the same number of ranks (torch elastic numbers them per pod).
+                f"{procs_cel('self')} == {procs_cel('oldSelf')}",
+                "the training processes per worker pod (trainer.procsPerWorker, default resources.gpu) are "
+                "immutable; create a new job to change them",
+                field_path=".procsPerWorker",
+            ),
         )
     }
 
@@ -227,6 +251,15 @@ class TrainerSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: WorkerResources = section(WorkerResources, "Resources of each worker pod.")
+    procs_per_worker: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_PROCS_PER_WORKER,
+        description="Training processes (ranks) per worker pod (ETJ_NPROC_PER_WORKER, torchrun "
+        "--nproc-per-node). Unset: resources.gpu, or 1 when gpu is 0; set it with gpu: 0 to run several CPU "
+        "processes per pod. Batches and the job's size in ranks count processes: replicas x procsPerWorker. "
+        "Immutable, and so is the count it defaults to (resources.gpu).",
+    )
     volumes: Annotated[list[Volume], Field(max_length=16)] = Field(
         default_factory=list,
         description="Extra volumes of each worker pod (datasets, caches), Kubernetes Volume objects.",
@@ -238,8 +271,16 @@ class TrainerSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
     )
 
+    @property
+    def procs(self) -> int:
+        """Training processes (ranks) per worker pod: procsPerWorker, else one per GPU, or one on CPU."""
+        return self.procs_per_worker if self.procs_per_worker is not None else max(1, self.resources.gpu)
+
     @model_validator(mode="after")
     def _check(self) -> TrainerSpec:
+        procs, gpus = self.procs_per_worker, self.resources.gpu
+        if procs is not None and 0 < gpus < procs:
+            raise ValueError(f"{PROCS_ABOVE_GPUS} (procsPerWorker {procs}, gpu {gpus})")
         # The apiserver rejects these duplicates through the list-type=map keys; mirror that here.
         for label, keys in (
             ("trainer.env name", [e.name for e in self.env]),

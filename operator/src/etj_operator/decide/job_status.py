@@ -89,8 +89,13 @@ def _phase(inp: StatusInputs, resizing: bool) -> Phase:
     return Phase.RESIZING if resizing else Phase.RUNNING
 
 
-def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: datetime | None) -> None:
-    """Copy the trainer's progress document (etj_contract.progress) into status; drop what does not parse."""
+def _apply_progress(
+    st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: datetime | None, procs_per_worker: int
+) -> None:
+    """Copy the trainer's progress document (etj_contract.progress) into status; drop what does not parse.
+
+    The trainer counts ranks (worldSize, its resize records); status.resizeHistory counts worker pods.
+    """
     doc = ProgressDoc.from_json(dict(data))
     fields = {
         "epoch": doc.epoch,
@@ -108,6 +113,7 @@ def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: d
         pass
     for value, attr in (
         (doc.world_size, "world_size"),
+        (doc.per_rank_batch, "per_rank_batch"),
         (doc.per_worker_batch, "per_worker_batch"),
         (doc.accumulation_steps, "accumulation_steps"),
         (doc.lr_multiplier, "lr_multiplier"),
@@ -118,7 +124,7 @@ def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: d
     if doc.last_checkpoint is not None:
         with contextlib.suppress(ValidationError):
             st.last_checkpoint = LastCheckpoint.model_validate(doc.last_checkpoint)
-    st.resize_history = merge_resizes(st.resize_history, doc.resizes)
+    st.resize_history = merge_resizes(st.resize_history, doc.resizes, procs_per_worker)
 
 
 # Reasons the trainer puts in its own resize records; the operator's reasons say *why*.
@@ -173,15 +179,21 @@ def _holds(entry: ResizeEvent, rep: ResizeEvent) -> bool:
     )
 
 
-def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[ResizeRecord]) -> list[ResizeEvent]:
+def merge_resizes(
+    history: Sequence[ResizeEvent], reported: Sequence[ResizeRecord], procs_per_worker: int = 1
+) -> list[ResizeEvent]:
     """Merge the trainer's resize records into the operator's: enrich a matching entry, else append.
 
-    Idempotent: an entry that already holds a record is left alone on the next poll.
+    The trainer's records count ranks; they become worker pods here (ranks / procs_per_worker, a pod's ranks
+    come and go together) so they match the operator's records of the same change. Idempotent: an entry
+    that already holds a record is left alone on the next poll.
     """
     out = [e.model_copy() for e in history]
+    per = max(1, procs_per_worker)
     for record in reported:
+        pods = {"from": -(-record.from_ // per), "to": -(-record.to // per)}  # ceil: a partial pod is a pod
         try:
-            rep = ResizeEvent.model_validate({**record.to_json(), "time": parse_time(record.time)})
+            rep = ResizeEvent.model_validate({**record.to_json(), **pods, "time": parse_time(record.time)})
         except ValidationError:
             continue
         if any(_holds(e, rep) for e in out):
@@ -264,7 +276,7 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
             )
 
     if inp.progress:
-        _apply_progress(st, inp.progress, inp.progress_time)
+        _apply_progress(st, inp.progress, inp.progress_time, inp.spec.procs_per_worker)
     if inp.trainer_image is not None:
         st.trainer_image = inp.trainer_image
 
