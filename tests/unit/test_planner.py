@@ -261,6 +261,28 @@ CASES = [
         check=lambda p: all(e.type == "Normal" for e in p.events) or pytest.fail(str(p.events)),
     ),
     Case(
+        # regression (issue 15): any pod that reached the store could POST finished: true, and with no
+        # worker Running (all Pending for capacity here) the job became Succeeded
+        "a finished report with no worker that exited 0 finishes nothing",
+        job(st=started(0)),
+        observe(
+            cluster(spot=0),
+            [worker(i, None, phase="Pending") for i in range(4)] + [store()],
+            progress=FINAL_REPORT,
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.PENDING,
+    ),
+    Case(
+        "a finished report while workers run (none exited) keeps the job running",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store()], progress=FINAL_REPORT),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+    ),
+    Case(
         "finished job stays finished and creates nothing",
         job(st=status(phase="Succeeded", completionTime=NOW.isoformat())),
         observe(cluster(), []),

@@ -26,7 +26,23 @@ PROGRESS_PATH = "/progress"
 # How long a finishing rank 0 retries its final report; the operator waits longer than this for it before
 # marking the job Succeeded without it (planner.FINAL_REPORT_GRACE).
 FINAL_REPORT_DEADLINE_S = 60.0
-MAX_RESIZES = 100  # a trainer's history is bounded: the operator keeps fewer (status.resizeHistory) anyway
+MAX_RESIZES = 100
+# The store's HTTP endpoint answers only requests carrying the job's token (ETJ_PROGRESS_TOKEN, from the
+# job's Secret) in this header, as "Bearer <token>"; /healthz stays open for probes. A store started
+# without a token (``etj-train local`` on loopback) accepts any request.
+TOKEN_HEADER = "Authorization"
+TOKEN_SCHEME = "Bearer"
+# Bodies above this size are refused unread (413): a report with MAX_RESIZES records is ~20 KB, and an
+# unbounded body would let one request exhaust the store pod's memory.
+MAX_BODY_BYTES = 256 * 1024
+
+
+def auth_header(token: str | None) -> dict[str, str]:
+    """The request header that carries ``token``; empty without one."""
+    return {TOKEN_HEADER: f"{TOKEN_SCHEME} {token}"} if token else {}
+
+
+# a trainer's history is bounded: the operator keeps fewer (status.resizeHistory) anyway
 
 
 class TrainerResize(StrEnum):
@@ -187,10 +203,14 @@ def _nonneg_number(value: object) -> TypeGuard[int | float]:
 
 __all__ = [
     "FINAL_REPORT_DEADLINE_S",
+    "MAX_BODY_BYTES",
     "MAX_RESIZES",
     "PROGRESS_PATH",
+    "TOKEN_HEADER",
+    "TOKEN_SCHEME",
     "ProgressDoc",
     "ResizeRecord",
     "TrainerResize",
+    "auth_header",
     "merge",
 ]

@@ -11,27 +11,34 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import urllib.request
 from typing import Any
 
-from etj_contract.progress import FINAL_REPORT_DEADLINE_S
+from etj_contract import env as etj_env
+from etj_contract.progress import FINAL_REPORT_DEADLINE_S, auth_header
 
 log = logging.getLogger(__name__)
 
 
-def post_json(url: str, payload: dict[str, Any], timeout: float = 2.0) -> None:
-    req = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+def _headers(token: str | None) -> dict[str, str]:
+    """The job's token (default ``$ETJ_PROGRESS_TOKEN``, which the operator sets from the job's Secret)."""
+    return auth_header(etj_env.PROGRESS_TOKEN.read(os.environ) if token is None else token)
+
+
+def post_json(url: str, payload: dict[str, Any], timeout: float = 2.0, token: str | None = None) -> None:
+    headers = {"Content-Type": "application/json", **_headers(token)}
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         resp.read()
 
 
-def get_json(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+def get_json(url: str, timeout: float = 2.0, token: str | None = None) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        req = urllib.request.Request(url, headers=_headers(token))
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read() or b"null")
     except (OSError, ValueError):
         return None

@@ -227,7 +227,7 @@ def plan(job: JobView, obs: Observed) -> Plan:
     failures += out.new_failures
 
     # 3. Terminal states and suspension: which of them applies, and the workers they stop.
-    finish = _finish(workers, active, obs)
+    finish = _finish(workers, obs)
     if finish.awaiting_report:
         out.requeue(1.0)  # the reconciler re-reads the store each time round
     succeeded = finish.done
@@ -344,18 +344,19 @@ class _Finish:
     report_missing: str = ""  # done without the final report: the Warning's message
 
 
-def _finish(workers: Sequence[PodInfo], active: Sequence[PodInfo], obs: Observed) -> _Finish:
+def _finish(workers: Sequence[PodInfo], obs: Observed) -> _Finish:
     """Has training finished, and has its final report (accuracy, last resizes) been read?
 
-    A worker that exited 0 by itself (not one we are deleting) means training finished. Rank 0 posts the
+    Only a worker that exited 0 by itself (not one we are deleting) finishes the job. Rank 0 posts the
     final report before any worker can exit, so it is normally in the store by then: the job is Succeeded
     once that report is read, or after ``obs.final_report_grace`` without it (with a Warning).
     """
     reported = bool(obs.progress and obs.progress.get("finished"))
     exited = [p for p in workers if p.exited_ok]
     if not exited:
-        # Every worker gone after a finished report (pods deleted before we saw them exit) is done too.
-        return _Finish(done=reported and not any(p.running for p in active))
+        # A report alone never finishes the job: it is only as trustworthy as whoever reached the store
+        # (docs/operator.md, "Threat model"); a worker the operator started must exit 0 as well.
+        return _Finish()
     if reported or obs.final_report_grace <= timedelta(0):
         return _Finish(done=True)
     since = min((p.finished_at for p in exited if p.finished_at is not None), default=None)

@@ -54,6 +54,22 @@ def rendezvous_host(job: str, namespace: str) -> str:
     return f"{rendezvous_name(job)}.{namespace}.svc"
 
 
+def token_secret_name(job: str) -> str:
+    return f"{job}-etj-token"
+
+
+# The key of the job's Secret that holds the progress token.
+TOKEN_KEY = "token"
+
+
+def token_env(job: str) -> dict[str, Any]:
+    """ETJ_PROGRESS_TOKEN read from the job's Secret: pods name the Secret, never the value."""
+    return {
+        "name": etj_env.PROGRESS_TOKEN.name,
+        "valueFrom": {"secretKeyRef": {"name": token_secret_name(job), "key": TOKEN_KEY}},
+    }
+
+
 def worker_selector(job: str) -> str:
     return f"{LABEL_JOB}={job},{LABEL_ROLE}={ROLE_WORKER}"
 
@@ -219,7 +235,10 @@ def worker_env(
         **recipe_env(training),
     }
     # Every variable the contract says the operator sets, in its order (a KeyError here: one is missing).
-    env: list[dict[str, Any]] = [{"name": v.name, "value": str(values[v])} for v in etj_env.OPERATOR_SET]
+    env: list[dict[str, Any]] = [
+        token_env(job) if v is etj_env.PROGRESS_TOKEN else {"name": v.name, "value": str(values[v])}
+        for v in etj_env.OPERATOR_SET
+    ]
     # The root filesystem is read-only: caches go to the /tmp emptyDir.
     env.append({"name": "HOME", "value": "/tmp"})
     env += [e.to_dict() for e in spec.trainer.env]
@@ -381,6 +400,7 @@ def rendezvous_pod(
             {"name": etj_env.NAMESPACE.name, "value": namespace},
             {"name": "HOME", "value": "/tmp"},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            token_env(job),
         ],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": {"tcpSocket": {"port": RDZV_PORT}, "periodSeconds": 2},

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol, cast
 
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from etj_contract.ports import PROGRESS_PORT
 from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
-from etj_operator.decide import workload
+from etj_operator.decide import dataplane, workload
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
@@ -46,6 +47,16 @@ class Settings:
     default_trainer_image: str | None = None  # for jobs without spec.trainer.image
     # Namespaces watched (empty: all). Namespaced, the GPU-usage index sees only these namespaces' pods.
     namespaces: tuple[str, ...] = ()
+    # Key the jobs' progress tokens are derived from (dataplane.job_token). The chart keeps one in a
+    # Secret; a random one (no key configured) makes a restarted operator unable to read running jobs'
+    # progress until they are re-created, which is fine for tests and development only.
+    token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    # A NetworkPolicy per job (docs/operator.md, "Threat model"); off for clusters that manage their own.
+    network_policy: bool = True
+    # Where the operator's own pods are, for the NetworkPolicy's progress-port rule (None: outside the
+    # cluster or unknown; that rule then admits every source and the token alone guards the port).
+    operator_namespace: str | None = None
+    operator_pod_labels: tuple[tuple[str, str], ...] = ()
 
 
 class World(Protocol):
@@ -69,6 +80,7 @@ class JobRunner:
         self.progress: dict[str, Any] | None = None
         self.progress_time: datetime | None = None
         self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
+        self.token: str | None = None  # the job's progress token (derived from its uid once known)
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
 
@@ -184,10 +196,11 @@ class JobRunner:
             *(self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason)) for d in result.drains)
         )
         creates: list[Any] = []
-        # Services are not indexed (nothing else needs them): re-assert existence every few minutes, so a
-        # deleted Service comes back without costing a request per reconcile.
+        # The job's Service, Secret and NetworkPolicy are not indexed (nothing else needs them): re-assert
+        # their existence every few minutes, so a deleted one comes back without a request per reconcile.
+        # Before any pod: a pod must never start without its token or outside its policy.
         if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
-            creates.append(self._service(job))
+            await self._job_objects(job)
         if result.create_rendezvous:
             creates.append(
                 self._create(
@@ -239,10 +252,27 @@ class JobRunner:
         info = PodInfo(name=name, job=self.name, role=role, slot=slot, phase="Pending")
         self.expect_create[name] = (info, time.monotonic() + EXPECTATION_TTL)
 
-    async def _service(self, job: JobView) -> None:
-        await self.kube.ensure_service(
-            workload.rendezvous_service(job=job.name, namespace=job.namespace, uid=job.uid)
-        )
+    def _token(self) -> str:
+        """The job's progress token (its uid never changes for one runner: JobRunners.upsert)."""
+        if self.token is None:
+            uid = ((self.body or {}).get("metadata") or {}).get("uid", "")
+            self.token = dataplane.job_token(
+                self.settings.token_key, namespace=self.namespace, job=self.name, uid=uid
+            )
+        return self.token
+
+    async def _job_objects(self, job: JobView) -> None:
+        ids = {"job": job.name, "namespace": job.namespace, "uid": job.uid}
+        bodies = [
+            workload.rendezvous_service(**ids),
+            dataplane.token_secret(**ids, token=self._token()),
+        ]
+        if self.settings.network_policy:
+            peer = dataplane.operator_peer(
+                self.settings.operator_namespace, dict(self.settings.operator_pod_labels)
+            )
+            bodies.append(dataplane.network_policy(**ids, operator_peer=peer))
+        await asyncio.gather(*(self.kube.ensure(b) for b in bodies))
         self.service_checked = time.monotonic()
 
     async def _write_status(self, job: JobView, result: Plan) -> None:
@@ -283,7 +313,7 @@ class JobRunner:
         )
         if store is None or store.ip is None:
             return False
-        data = await self.kube.fetch_progress(store.ip, self.settings.progress_port)
+        data = await self.kube.fetch_progress(store.ip, self.settings.progress_port, token=self._token())
         if data is None or data == self.progress:
             return False
         self.progress, self.progress_time = data, utcnow()
