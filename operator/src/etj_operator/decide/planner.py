@@ -25,6 +25,7 @@ from etj_operator.decide.workload import capacity_tolerations
 from etj_operator.observe.nodes import NodeInfo, fits
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import INTERRUPTIONS, Reason, Signal
+from etj_operator.quantity import MILLI_RESOURCES, parse_milli
 
 # A pod bound to a node the index has never seen is only "on a deleted node" after this long: watches
 # of different resources are not ordered, so a fresh node may reach us after the pod bound to it.
@@ -139,6 +140,7 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
         *(t.to_dict() for t in spec.placement.tolerations),
     ]
     cutoff = obs.now - timedelta(seconds=spec.scaling.scale_up_delay_seconds)
+    demand = worker_demand(spec)
     total = settled = 0
     young: datetime | None = None
     for node in obs.nodes.values():
@@ -149,11 +151,7 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
             continue
         if not fits(node, capacity_types=allowed, node_selector=selector, tolerations=tolerations):
             continue
-        if res.gpu == 0:
-            room = spec.replicas.max  # CPU workers: the scheduler decides; count the node as roomy
-        else:
-            used = obs.node_usage.get(node.name, {}).get(res.gpu_resource_name, 0)
-            room = max(0, node.gpus(res.gpu_resource_name) - used) // res.gpu
+        room = _room(node, demand, obs.node_usage.get(node.name, {}), spec.replicas.max)
         if not room:
             continue
         total += room
@@ -162,6 +160,32 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
         else:
             settled += room
     return FreeCapacity(total, settled, young)
+
+
+def worker_demand(spec: ElasticTrainingJobSpec) -> dict[str, int]:
+    """What one worker pod requests, in NodeInfo.allocatable's units (GPUs whole, cpu/memory in milli)."""
+    res = spec.trainer.resources
+    demand = {res.gpu_resource_name: res.gpu} if res.gpu else {}
+    for key, raw in (("cpu", res.cpu), ("memory", res.memory)):
+        amount = parse_milli(raw) if raw is not None else None
+        if amount:
+            demand[key] = amount
+    return demand
+
+
+def _room(node: NodeInfo, demand: Mapping[str, int], used: Mapping[str, int], most: int) -> int:
+    """How many more workers fit on ``node`` by every resource a worker requests (at most ``most``).
+
+    A node that does not report cpu or memory at all is not limited by it (it cannot be judged); one that
+    lacks a requested extended resource has no room.
+    """
+    room = most
+    for key, need in demand.items():
+        if key not in node.allocatable and key in MILLI_RESOURCES:
+            continue
+        free = max(0, node.allocatable.get(key, 0) - used.get(key, 0))
+        room = min(room, free // need)
+    return room
 
 
 def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from etj_operator.constants import LABEL_JOB, LABEL_ROLE, LABEL_SLOT
 from etj_operator.observe.signals import Signal, pod_signal
-from etj_operator.quantity import parse_count
+from etj_operator.quantity import MILLI_RESOURCES, parse_count, parse_milli
 from etj_operator.timeutil import parse_time
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -50,16 +50,17 @@ class PodInfo:
 
 
 def countable_requests(spec: Mapping[str, Any]) -> dict[str, int]:
-    """Sum of whole-unit extended resources (GPUs) requested by a pod's containers."""
+    """What a pod's containers request, summed: whole-unit extended resources (GPUs), and cpu and memory
+    in milli-units (the same units as ``NodeInfo.allocatable``). A resource without a request counts its
+    limit, as the apiserver defaults the request to it."""
     out: dict[str, int] = {}
     for container in spec.get("containers") or []:
         resources = container.get("resources") or {}
-        wanted = resources.get("requests") or resources.get("limits") or {}
+        wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
         for key, raw in wanted.items():
-            if "/" in key:
-                count = parse_count(raw)
-                if count:
-                    out[key] = out.get(key, 0) + count
+            count = parse_milli(raw) if key in MILLI_RESOURCES else parse_count(raw) if "/" in key else None
+            if count:
+                out[key] = out.get(key, 0) + count
     return out
 
 
