@@ -441,7 +441,15 @@ def test_plan_is_deterministic(case: Case) -> None:
 def test_every_status_write_carries_the_full_conditions_list() -> None:
     result = plan(job(st=started(4)), observe(cluster(), [*RUNNING4, store()]))
     types = [c.type for c in result.status.conditions]
-    assert types == ["Ready", "Resizing", "Suspended", "Succeeded", "Failed", "CapacityAvailable"]
+    assert types == [
+        "Ready",
+        "Resizing",
+        "Suspended",
+        "Succeeded",
+        "Failed",
+        "CapacityAvailable",
+        "ReplicaFailure",
+    ]
     assert result.status.to_patch()["conditions"][0]["status"] == "True"
 
 
@@ -461,3 +469,20 @@ def test_restart_with_lagging_status_never_duplicates_workers() -> None:
     pods = [worker(0, "spot-0"), worker(2, "spot-2"), store()]
     result = plan(job(st=ElasticTrainingJobStatus()), observe(cluster(), pods))
     assert result.create_workers == [1, 3]
+
+
+def test_a_refused_pod_create_is_one_warning_per_distinct_refusal_and_status_goes_on() -> None:
+    refused = 'pods "train-worker-3" is forbidden: exceeded quota: gpus'
+    first = plan(
+        job(st=started(3, **OLD_RESIZE)),
+        observe(cluster(), [*RUNNING4[:3], store()], create_rejection=refused),
+    )
+    cond = next(c for c in first.status.conditions if c.type == "ReplicaFailure")
+    assert (cond.status, cond.reason, cond.message) == ("True", "FailedCreate", refused)
+    assert [e.reason for e in first.events if e.type == "Warning"] == ["FailedCreate"]
+    assert first.status.workers == "3/4" and first.create_workers == [3]  # it keeps trying
+    again = plan(job(st=first.status), observe(cluster(), [*RUNNING4[:3], store()], create_rejection=refused))
+    assert not [e for e in again.events if e.reason == "FailedCreate"]
+    cleared = plan(job(st=again.status), observe(cluster(), [*RUNNING4, store()]))
+    cond = next(c for c in cleared.status.conditions if c.type == "ReplicaFailure")
+    assert (cond.status, cond.reason) == ("False", "PodsCreated")

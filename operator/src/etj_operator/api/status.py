@@ -44,6 +44,9 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     CAPACITY_AVAILABLE = "CapacityAvailable"  # enough schedulable nodes for replicas.min
+    # The apiserver refused a pod the job needs (ResourceQuota, LimitRange, an admission webhook, Pod
+    # Security): True with reason FailedCreate and the apiserver's message, as a ReplicaSet reports it.
+    REPLICA_FAILURE = "ReplicaFailure"
 
 
 class StatusModel(ApiModel):

@@ -34,6 +34,8 @@ class ConditionReason(StrEnum):
     WITHIN_FAILURE_BUDGET = "WithinFailureBudget"
     ENOUGH_CAPACITY = "EnoughCapacity"
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    FAILED_CREATE = "FailedCreate"
+    PODS_CREATED = "PodsCreated"
 
 
 NO_TRAINER_IMAGE_MESSAGE = (
@@ -69,6 +71,7 @@ class JobFacts:
     max_failures: int
     free_slots: int | None  # more workers that would fit now; None: not computed (at least min running)
     partial_usage: bool  # GPU use of other namespaces is invisible (namespaced operator)
+    create_rejection: str | None = None  # the apiserver's refusal of a pod create, while it lasts
 
 
 Verdict = tuple[bool, str, str]  # status, reason, message
@@ -130,6 +133,12 @@ def _capacity(f: JobFacts) -> Verdict:
     )
 
 
+def _replica_failure(f: JobFacts) -> Verdict:
+    if f.create_rejection:
+        return True, ConditionReason.FAILED_CREATE, f.create_rejection
+    return False, ConditionReason.PODS_CREATED, ""
+
+
 # The table, in the order the conditions are listed in status.
 RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
     (ConditionType.READY, _ready),
@@ -138,6 +147,7 @@ RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
     (ConditionType.SUCCEEDED, _succeeded),
     (ConditionType.FAILED, _failed),
     (ConditionType.CAPACITY_AVAILABLE, _capacity),
+    (ConditionType.REPLICA_FAILURE, _replica_failure),
 )
 
 

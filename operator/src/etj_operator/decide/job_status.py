@@ -17,6 +17,8 @@ from pydantic import ValidationError
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_operator.api.models import (
     MAX_RESIZE_HISTORY,
+    Condition,
+    ConditionType,
     ElasticTrainingJobSpec,
     ElasticTrainingJobStatus,
     LastCheckpoint,
@@ -62,6 +64,7 @@ class StatusInputs:
     progress_time: datetime | None = None
     trainer_image: str | None = None  # what the pods run; None: no image anywhere, nothing can start
     usage_namespaces: tuple[str, ...] = ()  # namespaces whose pods' GPU use free_slots subtracts; (): all
+    create_rejection: str | None = None  # the apiserver refused a pod create (its message), still current
 
 
 def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
@@ -216,7 +219,12 @@ def _facts(inp: StatusInputs, phase: Phase, resizing: bool, worker_drains: Seque
         max_failures=spec.failure_policy.max_failures,
         free_slots=inp.free_slots,
         partial_usage=bool(inp.usage_namespaces),
+        create_rejection=inp.create_rejection,
     )
+
+
+def _message(conditions: Sequence[Condition], type_: str) -> str | None:
+    return next((c.message for c in conditions if c.type == type_ and c.status == "True"), None)
 
 
 def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[KubeEvent]]:
@@ -289,5 +297,9 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     no_image = ConditionReason.NO_TRAINER_IMAGE
     if ready_reason(conds) == no_image and ready_reason(inp.prev.conditions) != no_image:
         events.append(KubeEvent("Warning", no_image, NO_TRAINER_IMAGE_MESSAGE))
+    rejected = inp.create_rejection
+    if rejected and rejected != _message(inp.prev.conditions, ConditionType.REPLICA_FAILURE):
+        # Once per distinct refusal, not on every retry of the same one.
+        events.append(KubeEvent("Warning", ConditionReason.FAILED_CREATE, rejected))
     st.conditions = conds
     return st, events

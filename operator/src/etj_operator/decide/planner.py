@@ -74,6 +74,8 @@ class Observed:
     # How long to wait for the final report once workers exited 0; zero when the operator does not read
     # progress at all (--progress-seconds 0): no report can come.
     final_report_grace: timedelta = FINAL_REPORT_GRACE
+    # The apiserver's message refusing the last pod create (quota, admission), while creates keep failing.
+    create_rejection: str | None = None
 
 
 @dataclass
@@ -345,6 +347,7 @@ def plan(job: JobView, obs: Observed) -> Plan:
         progress_time=obs.progress_time,
         trainer_image=out.trainer_image,
         usage_namespaces=obs.usage_namespaces,
+        create_rejection=obs.create_rejection,
     )
     out.status, out.events = build_status(inputs)
     if finish.report_missing and prev.phase != Phase.SUCCEEDED:

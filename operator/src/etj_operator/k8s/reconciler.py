@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -19,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, cast
 
 import kopf
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from etj_contract.ports import PROGRESS_PORT
@@ -81,6 +83,7 @@ class JobRunner:
         self.progress_time: datetime | None = None
         self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
         self.token: str | None = None  # the job's progress token (derived from its uid once known)
+        self.create_rejection: str | None = None  # the apiserver's refusal of our last pod create
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
 
@@ -184,6 +187,7 @@ class JobRunner:
             progress=self.progress,
             progress_time=self.progress_time,
             final_report_grace=FINAL_REPORT_GRACE if self.settings.progress_seconds > 0 else timedelta(0),
+            create_rejection=self.create_rejection,
         )
         result = plan(job, obs)
         await self.apply(job, result, {p.name: p for p in pods})
@@ -195,26 +199,36 @@ class JobRunner:
         await asyncio.gather(
             *(self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason)) for d in result.drains)
         )
-        creates: list[Any] = []
+        rejection, errors = await self._create_all(job, result)
+        attempted = result.create_workers or result.create_rendezvous or rejection or errors
+        if attempted or (result.status.current_replicas or 0) >= (result.status.desired_replicas or 0):
+            # A round that created everything it wanted, or wants nothing: no refusal stands any more.
+            before, self.create_rejection = self.create_rejection, rejection
+            if rejection != before:
+                self.kick.set()  # the next round's status carries the ReplicaFailure condition and Event
+        # Status is written whatever the creates did: a refusal must never hide the job's state.
+        await self._write_status(job, result)
+        if errors:
+            raise errors[0]
+        if result.delete_job:
+            await self.kube.delete_job(job.namespace, job.name)
+
+    async def _create_all(self, job: JobView, result: Plan) -> tuple[str | None, list[BaseException]]:
+        """Create what the plan asks for; the apiserver's refusal (if any) and other errors, not raised."""
         # The job's Service, Secret and NetworkPolicy are not indexed (nothing else needs them): re-assert
         # their existence every few minutes, so a deleted one comes back without a request per reconcile.
         # Before any pod: a pod must never start without its token or outside its policy.
         if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
-            await self._job_objects(job)
+            rejection, errors = _rejections(await self._job_objects(job))
+            if rejection or errors:
+                return rejection, errors
+            self.service_checked = time.monotonic()
+        creates: list[Any] = []
         if result.create_rendezvous:
-            creates.append(
-                self._create(
-                    workload.rendezvous_pod(
-                        job.spec,
-                        job=job.name,
-                        namespace=job.namespace,
-                        uid=job.uid,
-                        image=result.trainer_image,
-                    ),
-                    ROLE_RENDEZVOUS,
-                    None,
-                )
+            store = workload.rendezvous_pod(
+                job.spec, job=job.name, namespace=job.namespace, uid=job.uid, image=result.trainer_image
             )
+            creates.append(self._create(store, ROLE_RENDEZVOUS, None))
         for slot in result.create_workers:
             body = workload.worker_pod(
                 job.spec,
@@ -226,10 +240,7 @@ class JobRunner:
                 image=result.trainer_image,
             )
             creates.append(self._create(body, ROLE_WORKER, slot))
-        await asyncio.gather(*creates)
-        await self._write_status(job, result)
-        if result.delete_job:
-            await self.kube.delete_job(job.namespace, job.name)
+        return _rejections(await asyncio.gather(*creates, return_exceptions=True))
 
     async def _drain(
         self, job: JobView, name: str, pod: PodInfo | None, since: datetime | None, reason: str
@@ -261,7 +272,7 @@ class JobRunner:
             )
         return self.token
 
-    async def _job_objects(self, job: JobView) -> None:
+    async def _job_objects(self, job: JobView) -> list[Any]:
         ids = {"job": job.name, "namespace": job.namespace, "uid": job.uid}
         bodies = [
             workload.rendezvous_service(**ids),
@@ -272,8 +283,7 @@ class JobRunner:
                 self.settings.operator_namespace, dict(self.settings.operator_pod_labels)
             )
             bodies.append(dataplane.network_policy(**ids, operator_peer=peer))
-        await asyncio.gather(*(self.kube.ensure(b) for b in bodies))
-        self.service_checked = time.monotonic()
+        return await asyncio.gather(*(self.kube.ensure(b) for b in bodies), return_exceptions=True)
 
     async def _write_status(self, job: JobView, result: Plan) -> None:
         new = result.status.to_patch()
@@ -325,6 +335,27 @@ class JobRunner:
             and not (self.progress or {}).get("finished")
             and any(p.role == ROLE_WORKER and p.exited_ok for p in pods)
         )
+
+
+def _rejections(outcomes: list[Any]) -> tuple[str | None, list[BaseException]]:
+    """The apiserver's refusal among the creates' outcomes (quota, admission, validation: a 4xx that
+    retrying will not change), and the other errors, which fail the reconcile as before."""
+    rejection: str | None = None
+    errors: list[BaseException] = []
+    for outcome in outcomes:
+        if isinstance(outcome, ApiException) and outcome.status in (400, 403, 422):
+            rejection = rejection or _api_message(outcome)
+        elif isinstance(outcome, BaseException):
+            errors.append(outcome)
+    return rejection, errors
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason or exc.status)[:1000]
 
 
 class JobRunners:
