@@ -449,6 +449,7 @@ def test_every_status_write_carries_the_full_conditions_list() -> None:
         "Failed",
         "CapacityAvailable",
         "ReplicaFailure",
+        "Progressing",
     ]
     assert result.status.to_patch()["conditions"][0]["status"] == "True"
 
@@ -486,3 +487,30 @@ def test_a_refused_pod_create_is_one_warning_per_distinct_refusal_and_status_goe
     cleared = plan(job(st=again.status), observe(cluster(), [*RUNNING4, store()]))
     cond = next(c for c in cleared.status.conditions if c.type == "ReplicaFailure")
     assert (cond.status, cond.reason) == ("False", "PodsCreated")
+
+
+def test_a_failed_workers_last_log_line_names_the_cause_in_its_warning() -> None:
+    from etj_operator.observe.pods import pod_info
+
+    body = {
+        "metadata": {"name": "train-worker-3", "labels": {"etj.dev/job": "train", "etj.dev/role": "worker"}},
+        "spec": {"nodeName": "spot-3"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "state": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "message": "Traceback (most recent call last):\n  ...\n"
+                            "FileNotFoundError: /data/imagenet/train\n",
+                        }
+                    }
+                }
+            ],
+        },
+    }
+    failed = pod_info(body)
+    out = plan(job(st=started(4)), observe(cluster(), [*RUNNING4[:3], failed, store()]))
+    warning = next(e for e in out.events if e.type == "Warning" and e.reason == "WorkerFailed")
+    assert "FileNotFoundError: /data/imagenet/train" in warning.message, warning

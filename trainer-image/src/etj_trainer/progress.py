@@ -18,7 +18,7 @@ import urllib.request
 from typing import Any
 
 from etj_contract import env as etj_env
-from etj_contract.progress import FINAL_REPORT_DEADLINE_S, auth_header
+from etj_contract.progress import FINAL_REPORT_DEADLINE_S, MAX_ERROR_CHARS, auth_header
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,24 @@ def get_json(url: str, timeout: float = 2.0, token: str | None = None) -> dict[s
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def report_error(line: str, url: str | None = None) -> bool:
+    """Best effort: tell the operator why a training process died (``lastError`` in the progress doc).
+
+    For the agent, when a worker process exits non-zero: the operator names this line when the step stops
+    advancing (the job's Progressing condition). ``url`` defaults to ``$ETJ_PROGRESS_URL``; the token comes
+    from the environment. Whether the store took it.
+    """
+    target = url or etj_env.PROGRESS_URL.read(os.environ)
+    if not target or not line.strip():
+        return False
+    try:
+        post_json(target, {"lastError": line.strip().splitlines()[-1][:MAX_ERROR_CHARS]})
+    except OSError as e:
+        log.debug("error report to %s failed: %s", target, e)
+        return False
+    return True
 
 
 class ProgressReporter:

@@ -301,6 +301,14 @@ class FailurePolicy(ApiModel):
     count_interruptions: bool = Field(
         default=False, description="Also count spot interruptions and drains against maxFailures."
     )
+    progress_deadline_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=604_800,
+        description="Seconds the training step may stand still while the job is Ready before the "
+        "Progressing condition turns False (reason ProgressDeadlineExceeded, with a Warning Event naming "
+        "the trainer's last error). 0 disables the check.",
+    )
 
 
 # Training processes per worker in CEL (mirrors ElasticTrainingJobSpec.procs_per_worker).

@@ -76,6 +76,9 @@ class Observed:
     final_report_grace: timedelta = FINAL_REPORT_GRACE
     # The apiserver's message refusing the last pod create (quota, admission), while creates keep failing.
     create_rejection: str | None = None
+    # Whether the operator reads the trainer's progress at all (--progress-seconds > 0): the Progressing
+    # condition can only be judged from it.
+    progress_tracked: bool = True
 
 
 @dataclass
@@ -244,6 +247,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         if sig is None:
             out.new_failures += 1
             reason, msg = Reason.WORKER_FAILED, f"worker {pod.name} failed (exit code {pod.exit_code})"
+            if pod.last_line:
+                msg += f": {pod.last_line}"  # the trainer's last log line names the cause
         else:
             # The node went away under it: an interruption, not a crash of the trainer.
             reason, msg = sig.reason, f"worker {pod.name} stopped: {sig.message}"
@@ -348,7 +353,9 @@ def plan(job: JobView, obs: Observed) -> Plan:
         trainer_image=out.trainer_image,
         usage_namespaces=obs.usage_namespaces,
         create_rejection=obs.create_rejection,
+        progress_tracked=obs.progress_tracked,
     )
+    # The Progressing deadline needs no timer of its own: the resync (--resync-seconds) re-plans anyway.
     out.status, out.events = build_status(inputs)
     if finish.report_missing and prev.phase != Phase.SUCCEEDED:
         out.events.append(KubeEvent("Warning", FINAL_REPORT_MISSING, finish.report_missing))

@@ -347,6 +347,9 @@ def worker_pod(
         "resources": _resources(spec),
         "securityContext": _restricted_container(),
         "volumeMounts": mounts,
+        # A failed trainer's last log lines become the pod's termination message: the WorkerFailed Event
+        # quotes the last one, so the cause (a bad data path, a bad value) is in `kubectl describe`.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_labels = {**labels(job, ROLE_WORKER), LABEL_SLOT: str(slot)}
     pod_spec: dict[str, Any] = {

@@ -188,6 +188,7 @@ class JobRunner:
             progress_time=self.progress_time,
             final_report_grace=FINAL_REPORT_GRACE if self.settings.progress_seconds > 0 else timedelta(0),
             create_rejection=self.create_rejection,
+            progress_tracked=self.settings.progress_seconds > 0,
         )
         result = plan(job, obs)
         await self.apply(job, result, {p.name: p for p in pods})
