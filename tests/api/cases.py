@@ -534,8 +534,41 @@ UPDATES: list[Update] = [
         "spec.checkpoint",
         "are immutable",
     ),
+    # Settings every worker of one job must share (issue 15: edits reached only new pods and mixed them).
+    *(
+        Update(
+            f"{path.rsplit('.', 1)[-1]}-immutable", _set(path, value), True, "spec.training", "are immutable"
+        )
+        for path, value in (
+            ("spec.training.seed", 7),
+            ("spec.training.epochs", 9),
+            ("spec.training.microBatchSize", 8),
+            ("spec.training.precision", "bf16"),
+            ("spec.training.optimizer", {"lr": 0.5}),
+            ("spec.training.lrSchedule", {"type": "cosine"}),
+        )
+    ),
+    *(
+        Update(f"trainer-{name}-immutable", _set(path, value), True, "spec.trainer", "are immutable")
+        for name, path, value in (
+            ("image", "spec.trainer.image", "ghcr.io/etj-dev/etj-trainer:0.2.0"),
+            ("env", "spec.trainer.env", [{"name": "ETJ_DATA", "value": "digits-tensor"}]),
+            (
+                "env-added",
+                "spec.trainer.env",
+                [{"name": "ETJ_DATA", "value": "digits"}, {"name": "ETJ_MODEL", "value": "resnet18"}],
+            ),
+            ("args", "spec.trainer.args", ["--verbose"]),
+            ("gpu", "spec.trainer.resources.gpu", 2),
+            ("volumes", "spec.trainer.volumes", [{"name": "data", "emptyDir": {}}]),
+        )
+    ),
+    Update("image-removed", _delete("spec.trainer.image"), True, "spec.trainer", "are immutable"),
+    Update("pull-policy-editable", _set("spec.trainer.imagePullPolicy", "Always"), False),
     # Elastic knobs stay editable: that is what `kubectl scale` and suspend are for.
     Update("max-editable", _set("spec.replicas.max", 2), False),
     Update("suspend-editable", _set("spec.suspend", True), False),
     Update("interval-editable", _set("spec.checkpoint.intervalSteps", 50), False),
+    Update("min-editable", _set("spec.replicas.min", 2), False),
+    Update("placement-editable", _set("spec.placement.nodeSelector", {"pool": "b"}), False),
 ]

@@ -18,6 +18,7 @@ from etj_operator.api._base import (
     cel,
     rules,
     section,
+    unchanged,
 )
 
 DEFAULT_COMMAND = ["etj-train", "worker"]
@@ -188,6 +189,10 @@ class VolumeMount(ApiModel):
     read_only: bool = Field(default=False, description="Mount read-only (e.g. a shared dataset).")
 
 
+# What every worker of one job must run identically (imagePullPolicy may change).
+_FIXED_TRAINER = ("command", "args", "env", "resources", "volumes", "volumeMounts")
+
+
 class TrainerSpec(ApiModel):
     """The container every worker runs."""
 
@@ -199,7 +204,15 @@ class TrainerSpec(ApiModel):
                 "self.volumes.exists(v, v.name == m.name))",
                 "every trainer.volumeMounts[].name must match the name of an entry in trainer.volumes",
                 field_path=".volumeMounts",
-            )
+            ),
+            cel(
+                # An image may be set once on a job that has none (one waiting with NoTrainerImage).
+                "(!has(oldSelf.image) || (has(self.image) && self.image == oldSelf.image)) && "
+                + " && ".join(unchanged(f) for f in _FIXED_TRAINER),
+                "trainer.image, command, args, env, resources, volumes and volumeMounts are immutable: a "
+                "change would reach only the workers started after it and mix two settings in one job; "
+                "create a new job to change them",
+            ),
         )
     }
 
