@@ -338,6 +338,8 @@ PERMISSIONS: list[tuple[str, str, str | None, str]] = [
     ("delete", "secrets", "<ns>", "no"),
     ("create", "networkpolicies.networking.k8s.io", "<ns>", "yes"),
     ("delete", "networkpolicies.networking.k8s.io", "<ns>", "no"),
+    ("create", "poddisruptionbudgets.policy", "<ns>", "yes"),
+    ("delete", "poddisruptionbudgets.policy", "<ns>", "no"),
     ("create", "pods", "<ns>", "yes"),
     ("delete", "pods", "<ns>", "yes"),
     ("list", "pods", "<ns>", "yes"),

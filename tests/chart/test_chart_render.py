@@ -294,6 +294,7 @@ def test_rbac_has_no_wildcards_no_secret_reads_and_no_writes_beyond_what_the_ope
             ("services", "create"),
             ("secrets", "create"),
             ("networkpolicies", "create"),
+            ("poddisruptionbudgets", "create"),
             ("events", "create"),
             ("events", "patch"),
             ("elastictrainingjobs", "delete"),

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
 
-from tests.integration.opbed import Bed, OperatorProcess
+from etj_operator.api.models import GROUP, PLURAL, VERSION
+from tests.integration.opbed import Bed, OperatorProcess, job_manifest
 from tests.plugins.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -94,3 +95,61 @@ def test_a_quota_refusal_is_a_condition_and_an_event_and_status_is_still_written
         lambda: _condition(bed, "quota", "ReplicaFailure").get("status") == "False",
         60,
     )
+
+
+def test_the_store_is_protected_from_evictions_and_stays_on_a_cordoned_node(
+    bed: Bed, operator: OperatorProcess
+) -> None:
+    # One on-demand node holds the store and the worker: the worker's drain on the cordon below proves the
+    # operator acted on the cordon, and the store must outlive that round.
+    od = bed.node("od-0", "on-demand", gpus=1)
+    scheduling = client.SchedulingV1Api(bed.cluster.api_client())
+    priority = f"{bed.ns}-store"[:63]
+    scheduling.create_priority_class({"metadata": {"name": priority}, "value": 1000})
+    try:
+        manifest = job_manifest("kept", bed.ns, max_workers=1)
+        manifest["spec"]["placement"]["capacityTypes"] = ["on-demand"]
+        manifest["spec"]["placement"]["rendezvous"]["priorityClassName"] = priority
+        bed.custom.create_namespaced_custom_object(GROUP, VERSION, bed.ns, PLURAL, manifest)
+        bed.wait(
+            "store and worker running",
+            lambda: (
+                bed.status("kept").get("workers") == "1/1"
+                and any(p.status.phase == "Running" for p in bed.pods("kept", "rendezvous"))
+            ),
+            90,
+        )
+        store: Any = bed.pods("kept", "rendezvous")[0]
+        assert store.metadata.annotations["karpenter.sh/do-not-disrupt"] == "true"
+        assert store.status.qos_class == "Guaranteed"
+        assert store.spec.priority_class_name == priority and store.spec.priority == 1000
+        policy = client.PolicyV1Api(bed.cluster.api_client())
+        pdb: Any = policy.read_namespaced_pod_disruption_budget("kept-rdzv", bed.ns)
+        assert pdb.spec.max_unavailable == 0
+        bed.wait(
+            "the disruption controller to count the store",
+            lambda: (
+                cast(
+                    Any, policy.read_namespaced_pod_disruption_budget("kept-rdzv", bed.ns)
+                ).status.expected_pods
+                == 1
+            ),
+        )
+        # `kubectl drain`, Karpenter and the cluster autoscaler evict: refused for the store.
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": store.metadata.name}}
+        with pytest.raises(client.ApiException) as refused:
+            bed.core.create_namespaced_pod_eviction(store.metadata.name, bed.ns, eviction)
+        assert refused.value.status == 429 and "disruption budget" in str(refused.value.body)
+        # A cordon drains the worker (a drain notice for workers) but leaves the store where it is.
+        bed.core.patch_node(od, {"spec": {"unschedulable": True}})
+        bed.wait(
+            "the worker drained for the cordon",
+            lambda: any(e.reason == "NodeCordoned" for e in bed.events("kept")),
+            60,
+        )
+        after: Any = bed.pods("kept", "rendezvous")
+        assert [(p.metadata.uid, p.metadata.deletion_timestamp) for p in after] == [
+            (store.metadata.uid, None)
+        ]
+    finally:
+        scheduling.delete_priority_class(priority)

@@ -397,13 +397,40 @@ CASES = [
         "store on an interrupted node is replaced, never while the old one exists",
         job(st=started(4)),
         observe(
+            [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_DISRUPTED)],
+            [*RUNNING4, store("od-0")],
+        ),
+        creates=[],
+        drains=[("train-rdzv", Reason.NODE_DISRUPTED)],
+        phase=Phase.RUNNING,
+        check=lambda p: (not p.create_rendezvous) or pytest.fail("store created while old exists"),
+    ),
+    Case(
+        # regression (issue 15): a cordon alone (often an admin's or an upgrade's first step, undone or
+        # followed by a drain the store's PodDisruptionBudget holds) stopped the store, losing the rendezvous
+        "a cordon alone does not move the store",
+        job(st=started(4)),
+        observe(
             [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_CORDONED)],
             [*RUNNING4, store("od-0")],
         ),
         creates=[],
-        drains=[("train-rdzv", Reason.NODE_CORDONED)],
+        drains=[],
         phase=Phase.RUNNING,
-        check=lambda p: (not p.create_rendezvous) or pytest.fail("store created while old exists"),
+    ),
+    Case(
+        "nor does a rebalance recommendation (a hint, not a notice)",
+        job(st=started(4)),
+        observe(
+            [
+                *cluster(on_demand=0),
+                node("od-0", CapacityType.ON_DEMAND, signal=Reason.REBALANCE_RECOMMENDATION),
+            ],
+            [*RUNNING4, store("od-0")],
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
     ),
     Case(
         "ttl after finish deletes the job",

@@ -11,6 +11,7 @@ from etj_contract import env as etj_env
 from etj_operator.api._base import (
     ABSOLUTE_PATH_RE,
     DNS_LABEL_RE,
+    DNS_SUBDOMAIN_RE,
     ENV_NAME_RE,
     ApiModel,
     Matches,
@@ -347,6 +348,18 @@ class RendezvousPlacement(ApiModel):
     )
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
         default_factory=list, description="Tolerations of the store pod."
+    )
+    priority_class_name: (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=253),
+            Matches(DNS_SUBDOMAIN_RE, "priorityClassName must be a lower-case DNS name"),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="PriorityClass of the store pod, so that the scheduler does not preempt it for other "
+        "work (losing the store costs the job its rendezvous).",
     )
 
 

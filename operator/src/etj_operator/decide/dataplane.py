@@ -1,5 +1,6 @@
-"""The job's closed data plane (docs/operator.md, "Threat model"): its progress token, the Secret that
-carries it to the pods, and the NetworkPolicy that admits only the job's own pods and the operator.
+"""The job's own objects besides its pods: the closed data plane (docs/operator.md, "Threat model": the
+progress token, the Secret that carries it to the pods, the NetworkPolicy that admits only the job's own
+pods and the operator) and the store's PodDisruptionBudget.
 
 Pure builders, like workload.py (which puts the token into the pods' env by Secret name).
 """
@@ -13,8 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from etj_contract.ports import PROGRESS_PORT
-from etj_operator.constants import LABEL_JOB, ROLE_RENDEZVOUS
-from etj_operator.decide.workload import TOKEN_KEY, labels, owner_reference, token_secret_name
+from etj_operator.constants import LABEL_JOB, LABEL_ROLE, ROLE_RENDEZVOUS
+from etj_operator.decide.workload import (
+    TOKEN_KEY,
+    labels,
+    owner_reference,
+    rendezvous_name,
+    token_secret_name,
+)
 
 
 def network_policy_name(job: str) -> str:
@@ -82,5 +89,25 @@ def network_policy(
             "podSelector": {"matchLabels": {LABEL_JOB: job}},
             "policyTypes": ["Ingress"],
             "ingress": [{"from": [own]}, operator_rule],
+        },
+    }
+
+
+def store_disruption_budget(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
+    """maxUnavailable 0 over the store pod: evictions (``kubectl drain``, Karpenter, the cluster autoscaler)
+    wait instead of taking the rendezvous away. The operator itself moves the store by deleting it (no
+    eviction), on a real notice that its node goes away (planner.STORE_STAYS_ON)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": rendezvous_name(job),
+            "namespace": namespace,
+            "labels": labels(job, ROLE_RENDEZVOUS),
+            "ownerReferences": [owner_reference(job, uid)],
+        },
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {LABEL_JOB: job, LABEL_ROLE: ROLE_RENDEZVOUS}},
         },
     }

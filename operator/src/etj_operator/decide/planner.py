@@ -38,6 +38,10 @@ NOT_READY_GRACE = timedelta(seconds=60)
 # (reconciler.py). Until that report is in status the store is kept and the job is not Succeeded, for at most
 # this long: the accuracy and last resizes live in that report only.
 FINAL_REPORT_GRACE = timedelta(seconds=FINAL_REPORT_DEADLINE_S + 30)
+# Signals that drain workers but leave the store where it is: a cordon alone is often undone, and a drain
+# that follows it is held by the store's PodDisruptionBudget (dataplane.store_disruption_budget); a
+# rebalance recommendation is a hint. The store moves on notices that its node will go away.
+STORE_STAYS_ON = frozenset({Reason.NODE_CORDONED, Reason.REBALANCE_RECOMMENDATION})
 
 
 @dataclass(frozen=True)
@@ -314,6 +318,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         out.ensure_service = True
         for pod in live_rdzv:
             sig = interruption_of(pod, obs)
+            if sig is not None and sig.reason in STORE_STAYS_ON:
+                sig = None  # moving the store costs the rendezvous; only a real notice justifies it
             if sig is not None or pod.phase in ("Failed", "Succeeded"):
                 why = sig.reason if sig else Reason.WORKER_FAILED
                 out.drains.append(

@@ -39,6 +39,11 @@ from etj_operator.observe.nodes import CAPACITY_LABELS, SPOT_TAINT_TOLERATIONS
 # the operator's --worker-grace-seconds flag changes it.
 DEFAULT_WORKER_GRACE_SECONDS = 90
 RENDEZVOUS_GRACE_SECONDS = 10
+# The store pod's requests and limits (equal: Guaranteed QoS). The TCPStore and the progress document
+# are small; the cpu is for bursts of keep-alives from large jobs.
+STORE_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
+# Karpenter leaves a node alone while it runs a pod with this annotation (consolidation, drift).
+STORE_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true"}
 NONROOT_UID = 1000
 
 
@@ -277,14 +282,22 @@ def _image(spec: ElasticTrainingJobSpec, image: str | None) -> str:
 
 
 def _pod(
-    name: str, namespace: str, pod_labels: dict[str, str], owner: dict[str, Any], spec: dict[str, Any]
+    name: str,
+    namespace: str,
+    pod_labels: dict[str, str],
+    owner: dict[str, Any],
+    spec: dict[str, Any],
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": pod_labels, "ownerReferences": [owner]},
-        "spec": spec,
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": pod_labels,
+        "ownerReferences": [owner],
     }
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def _worker_storage(spec: ElasticTrainingJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -405,7 +418,8 @@ def rendezvous_pod(
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             token_env(job),
         ],
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        # requests == limits: Guaranteed QoS, the last class the kubelet evicts under node pressure.
+        "resources": {"requests": dict(STORE_RESOURCES), "limits": dict(STORE_RESOURCES)},
         "readinessProbe": {"tcpSocket": {"port": RDZV_PORT}, "periodSeconds": 2},
         "securityContext": _restricted_container(),
         "volumeMounts": [{"name": "etj-tmp", "mountPath": "/tmp"}],
@@ -423,11 +437,14 @@ def rendezvous_pod(
     }
     if rdzv.node_selector:
         pod_spec["nodeSelector"] = dict(rdzv.node_selector)
+    if rdzv.priority_class_name:
+        pod_spec["priorityClassName"] = rdzv.priority_class_name
     affinity = capacity_affinity(rdzv.capacity_types)
     if affinity:
         pod_spec["affinity"] = affinity
     pod_labels = labels(job, ROLE_RENDEZVOUS)
-    return _pod(rendezvous_name(job), namespace, pod_labels, owner_reference(job, uid), pod_spec)
+    owner = owner_reference(job, uid)
+    return _pod(rendezvous_name(job), namespace, pod_labels, owner, pod_spec, dict(STORE_ANNOTATIONS))
 
 
 def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:

@@ -278,6 +278,7 @@ class JobRunner:
         bodies = [
             workload.rendezvous_service(**ids),
             dataplane.token_secret(**ids, token=self._token()),
+            dataplane.store_disruption_budget(**ids),
         ]
         if self.settings.network_policy:
             peer = dataplane.operator_peer(
