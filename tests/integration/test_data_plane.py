@@ -132,13 +132,6 @@ def test_the_operator_reads_progress_with_the_jobs_token(store_url: str) -> None
 # ---- the operator's objects on the real apiserver ------------------------------------------------------
 
 
-@pytest.fixture
-def bed(cluster: Cluster, namespace: str) -> Iterator[Bed]:
-    b = Bed(cluster, namespace)
-    yield b
-    b.cleanup()
-
-
 @pytest.mark.cluster
 def test_job_gets_its_token_secret_and_a_network_policy_before_its_pods(
     bed: Bed, cluster: Cluster, tmp_path: Path

@@ -3,8 +3,6 @@ refuses (here a ResourceQuota) becomes a condition and a Warning Event, and stat
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -12,24 +10,8 @@ from kubernetes import client
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from tests.integration.opbed import Bed, OperatorProcess, job_manifest
-from tests.plugins.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def bed(cluster: Cluster, namespace: str) -> Iterator[Bed]:
-    b = Bed(cluster, namespace)
-    yield b
-    b.cleanup()
-
-
-@pytest.fixture
-def operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield op
-    op.stop()
-    print(op.logs())  # captured: pytest shows it only when the test failed
 
 
 def _condition(bed: Bed, job: str, type_: str) -> dict[str, Any]:

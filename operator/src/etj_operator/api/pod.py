@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema, model_validator
 
 from etj_contract import env as etj_env
 from etj_operator.api._base import (
@@ -21,6 +22,7 @@ from etj_operator.api._base import (
     section,
     unchanged,
 )
+from etj_operator.api.k8s_schema import k8s_schema
 
 DEFAULT_COMMAND = ["etj-train", "worker"]
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -97,11 +99,10 @@ class EnvVar(ApiModel):
     value: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
         default=None, description="Literal value."
     )
-    value_from: dict[str, Any] | None = Field(
+    value_from: Annotated[dict[str, Any], WithJsonSchema(k8s_schema("EnvVarSource"))] | None = Field(
         default=None,
         description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef), "
-        "passed to the worker container unchanged.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        "passed to the worker container unchanged; the apiserver validates it with Kubernetes' own schema.",
     )
 
     @model_validator(mode="after")
@@ -138,24 +139,30 @@ class WorkerResources(ApiModel):
     )
 
 
+_VOLUME_RULES = rules(
+    cel(
+        "!self.name.startsWith('etj-')",
+        "volume names starting with etj- are reserved for the operator's own volumes",
+        field_path=".name",
+    )
+)
+
+
+def _volume_schema(schema: dict[str, Any]) -> None:
+    """Kubernetes' own Volume schema (k8s_schema.py) around our ``name`` field and rules."""
+    k8s = k8s_schema("Volume")
+    schema["properties"] = {**k8s["properties"], "name": schema["properties"]["name"]}
+    schema["required"] = ["name"]
+    schema.pop("additionalProperties", None)
+    schema.update(copy.deepcopy(_VOLUME_RULES))
+
+
 class Volume(ApiModel):
     """A Kubernetes Volume (a name plus one source: persistentVolumeClaim, csi, ...), passed through."""
 
-    # The volume source is Kubernetes' own large union type; it is kept unvalidated here (the pod
-    # creation validates it) instead of copying the whole VolumeSource schema into the CRD.
-    model_config = {
-        "extra": "allow",
-        "json_schema_extra": {
-            "x-kubernetes-preserve-unknown-fields": True,
-            **rules(
-                cel(
-                    "!self.name.startsWith('etj-')",
-                    "volume names starting with etj- are reserved for the operator's own volumes",
-                    field_path=".name",
-                )
-            ),
-        },
-    }
+    # The volume sources are Kubernetes' own; the CRD carries their real schema (k8s_schema.py), so the
+    # apiserver refuses what a pod would refuse. The model keeps them as extra fields, passed through.
+    model_config = {"extra": "allow", "json_schema_extra": _volume_schema}
 
     name: Annotated[
         str,
@@ -378,10 +385,9 @@ class Placement(ApiModel):
         default_factory=list,
         description="Tolerations added to every worker pod (e.g. nvidia.com/gpu, spot taints).",
     )
-    affinity: dict[str, Any] | None = Field(
+    affinity: Annotated[dict[str, Any], WithJsonSchema(k8s_schema("Affinity"))] | None = Field(
         default=None,
-        description="A Kubernetes Affinity for worker pods, passed through unchanged (merged with the "
-        "operator's capacity-type rule).",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="A Kubernetes Affinity for worker pods (merged with the operator's capacity-type rule); "
+        "the apiserver validates it with Kubernetes' own schema.",
     )
     rendezvous: RendezvousPlacement = section(RendezvousPlacement, "Placement of the rendezvous store pod.")

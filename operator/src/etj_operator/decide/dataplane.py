@@ -15,13 +15,7 @@ from typing import Any
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_operator.constants import LABEL_JOB, LABEL_ROLE, ROLE_RENDEZVOUS
-from etj_operator.decide.workload import (
-    TOKEN_KEY,
-    labels,
-    owner_reference,
-    rendezvous_name,
-    token_secret_name,
-)
+from etj_operator.decide.workload import TOKEN_KEY, owned_metadata, rendezvous_name, token_secret_name
 
 
 def network_policy_name(job: str) -> str:
@@ -53,12 +47,9 @@ def token_secret(*, job: str, namespace: str, uid: str, token: str) -> dict[str,
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": token_secret_name(job),
-            "namespace": namespace,
-            "labels": labels(job, ROLE_RENDEZVOUS),
-            "ownerReferences": [owner_reference(job, uid)],
-        },
+        "metadata": owned_metadata(
+            token_secret_name(job), job=job, namespace=namespace, uid=uid, role=ROLE_RENDEZVOUS
+        ),
         "type": "Opaque",
         "stringData": {TOKEN_KEY: token},
     }
@@ -79,12 +70,9 @@ def network_policy(
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {
-            "name": network_policy_name(job),
-            "namespace": namespace,
-            "labels": labels(job, ROLE_RENDEZVOUS),
-            "ownerReferences": [owner_reference(job, uid)],
-        },
+        "metadata": owned_metadata(
+            network_policy_name(job), job=job, namespace=namespace, uid=uid, role=ROLE_RENDEZVOUS
+        ),
         "spec": {
             "podSelector": {"matchLabels": {LABEL_JOB: job}},
             "policyTypes": ["Ingress"],
@@ -100,12 +88,9 @@ def store_disruption_budget(*, job: str, namespace: str, uid: str) -> dict[str, 
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {
-            "name": rendezvous_name(job),
-            "namespace": namespace,
-            "labels": labels(job, ROLE_RENDEZVOUS),
-            "ownerReferences": [owner_reference(job, uid)],
-        },
+        "metadata": owned_metadata(
+            rendezvous_name(job), job=job, namespace=namespace, uid=uid, role=ROLE_RENDEZVOUS
+        ),
         "spec": {
             "maxUnavailable": 0,
             "selector": {"matchLabels": {LABEL_JOB: job, LABEL_ROLE: ROLE_RENDEZVOUS}},

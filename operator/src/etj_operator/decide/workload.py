@@ -92,6 +92,17 @@ def owner_reference(job: str, uid: str) -> dict[str, Any]:
     }
 
 
+def owned_metadata(name: str, *, job: str, namespace: str, uid: str, role: str) -> dict[str, Any]:
+    """Metadata of an object the job owns besides its pods (Service, Secret, policies): its labels, and
+    the owner reference through which the garbage collector removes it with the job."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(job, role),
+        "ownerReferences": [owner_reference(job, uid)],
+    }
+
+
 def labels(job: str, role: str) -> dict[str, str]:
     return {
         LABEL_JOB: job,
@@ -452,12 +463,9 @@ def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": rendezvous_name(job),
-            "namespace": namespace,
-            "labels": labels(job, ROLE_RENDEZVOUS),
-            "ownerReferences": [owner_reference(job, uid)],
-        },
+        "metadata": owned_metadata(
+            rendezvous_name(job), job=job, namespace=namespace, uid=uid, role=ROLE_RENDEZVOUS
+        ),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
