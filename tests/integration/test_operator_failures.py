@@ -3,13 +3,21 @@ refuses (here a ResourceQuota) becomes a condition and a Warning Event, and stat
 
 from __future__ import annotations
 
+import base64
+import json
+import uuid
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 from kubernetes import client
 
+from etj_contract.ports import PROGRESS_PORT
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from tests.integration.opbed import Bed, OperatorProcess, job_manifest
+from etj_testbed.localcluster.proclet import Proclet, process_node, selector_for
+from etj_trainer.progress import get_json, report_error
+from tests.integration.opbed import TEST_LABEL, Bed, OperatorProcess, job_manifest
+from tests.plugins.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
 
@@ -135,3 +143,68 @@ def test_the_store_is_protected_from_evictions_and_stays_on_a_cordoned_node(
         ]
     finally:
         scheduling.delete_priority_class(priority)
+
+
+def test_a_step_that_stands_still_turns_progressing_false_naming_the_trainers_last_error(
+    bed: Bed, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The store runs for real (a process node), the worker is a kwok pod that never trains: a crash loop
+    inside a Running pod, as the operator sees it. Today's code said Ready and nothing else."""
+    instance = f"p{uuid.uuid4().hex[:6]}"
+    proclet = Proclet(cluster.kubeconfig, root=tmp_path / "proclet", selector=selector_for(instance)).start()
+    op = OperatorProcess(
+        cluster.kubeconfig, bed.ns, tmp_path / "operator.log", "--progress-seconds=1"
+    ).start()
+    store_node = f"{bed.ns}-store"[:63]
+    try:
+        bed.node("spot-0", "spot")
+        node = process_node(
+            store_node,
+            "on-demand",
+            gpus=0,
+            instance=instance,
+            labels={TEST_LABEL: bed.ns},
+            taints=[{"key": TEST_LABEL, "value": bed.ns, "effect": "NoSchedule"}],
+        )
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(node))
+        manifest = job_manifest("stuck", bed.ns, max_workers=1)
+        manifest["spec"]["failurePolicy"] = {"progressDeadlineSeconds": 20}
+        bed.custom.create_namespaced_custom_object(GROUP, VERSION, bed.ns, PLURAL, manifest)
+
+        def store_ip() -> str | None:
+            pods = [p for p in bed.pods("stuck", "rendezvous") if p.status.phase == "Running"]
+            return pods[0].status.pod_ip if pods and pods[0].status.pod_ip else None
+
+        bed.wait("the store process running", lambda: store_ip() is not None, 180)
+        bed.wait(
+            "Progressing=True", lambda: _condition(bed, "stuck", "Progressing").get("status") == "True", 60
+        )
+        # The agent's report of the crash (etj_trainer.progress.report_error), with the job's token.
+        secret: Any = bed.core.read_namespaced_secret("stuck-etj-token", bed.ns)
+        token = base64.b64decode(secret.data["token"]).decode()
+        url = f"http://{store_ip()}:{PROGRESS_PORT}/progress"
+        bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 60)
+        assert report_error("Traceback ...\nFileNotFoundError: /data/train", url=url, token=token)
+        bed.wait(
+            "Progressing=False/ProgressDeadlineExceeded",
+            lambda: _condition(bed, "stuck", "Progressing").get("status") == "False",
+            120,
+        )
+        cond = _condition(bed, "stuck", "Progressing")
+        assert cond["reason"] == "ProgressDeadlineExceeded", cond
+        assert "no step reported" in cond["message"] and "FileNotFoundError: /data/train" in cond["message"]
+        assert _condition(bed, "stuck", "Ready")["status"] == "True"  # why Progressing is needed at all
+        bed.wait(
+            "a ProgressDeadlineExceeded Warning naming the error",
+            lambda: any(
+                e.type == "Warning"
+                and e.reason == "ProgressDeadlineExceeded"
+                and "FileNotFoundError" in (e.message or "")
+                for e in bed.events("stuck")
+            ),
+        )
+    finally:
+        op.stop()
+        print(op.logs())
+        proclet.stop()
+        cluster.kubectl("delete", "node", store_node, "--wait=false", check=False)

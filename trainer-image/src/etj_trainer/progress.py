@@ -45,7 +45,7 @@ def get_json(url: str, timeout: float = 2.0, token: str | None = None) -> dict[s
     return data if isinstance(data, dict) else None
 
 
-def report_error(line: str, url: str | None = None) -> bool:
+def report_error(line: str, url: str | None = None, token: str | None = None) -> bool:
     """Best effort: tell the operator why a training process died (``lastError`` in the progress doc).
 
     For the agent, when a worker process exits non-zero: the operator names this line when the step stops
@@ -56,7 +56,7 @@ def report_error(line: str, url: str | None = None) -> bool:
     if not target or not line.strip():
         return False
     try:
-        post_json(target, {"lastError": line.strip().splitlines()[-1][:MAX_ERROR_CHARS]})
+        post_json(target, {"lastError": line.strip().splitlines()[-1][:MAX_ERROR_CHARS]}, token=token)
     except OSError as e:
         log.debug("error report to %s failed: %s", target, e)
         return False
