@@ -86,7 +86,77 @@ class Case:
 
 
 _ENV = "spec.trainer.env"
+# Pass-through pod fields carry Kubernetes' own schemas (issue 15: they were preserve-unknown-fields, so
+# a malformed one passed the apiserver and broke pod creation later). The operator's parser keeps them as
+# plain objects, so these are the apiserver's checks only.
+_PASS_THROUGH: list[Case] = [
+    Case(
+        "affinity-weight-is-an-object",
+        _set(
+            "spec.placement.affinity",
+            {
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": {"value": 5}, "preference": {"matchExpressions": []}}
+                    ]
+                }
+            },
+        ),
+        "spec.placement.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+        # Strict field validation (kubectl apply) names the object's field first; without it the type is.
+        "unknown field",
+        apiserver_only=True,
+    ),
+    Case(
+        "affinity-operator-unknown",
+        _set(
+            "spec.placement.affinity",
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Near"}]}]
+                    }
+                }
+            },
+        ),
+        "operator",
+        "supported values",
+        apiserver_only=True,
+    ),
+    Case(
+        "affinity-term-without-topology-key",
+        _set(
+            "spec.placement.affinity",
+            {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}},
+        ),
+        "topologyKey",
+        "Required value",
+        apiserver_only=True,
+    ),
+    Case(
+        "volume-source-malformed",
+        _set("spec.trainer.volumes", [{"name": "data", "persistentVolumeClaim": {"claimName": 7}}]),
+        "spec.trainer.volumes[0].persistentVolumeClaim.claimName",
+        "must be of type string",
+        apiserver_only=True,
+    ),
+    Case(
+        "volume-source-missing-required",
+        _set("spec.trainer.volumes", [{"name": "data", "nfs": {"server": "nfs.example.com"}}]),
+        "spec.trainer.volumes[0].nfs.path",
+        "Required value",
+        apiserver_only=True,
+    ),
+    Case(
+        "env-value-from-malformed",
+        _set(f"{_ENV}.0", {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s"}}}),
+        f"{_ENV}[0].valueFrom.secretKeyRef.key",
+        "Required value",
+        apiserver_only=True,
+    ),
+]
 CASES: list[Case] = [
+    *_PASS_THROUGH,
     # replicas
     Case("min-zero", _set("spec.replicas.min", 0), "spec.replicas.min", "greater than or equal to 1"),
     Case("min-negative", _set("spec.replicas.min", -2), "spec.replicas.min", "greater than or equal to 1"),
@@ -584,8 +654,41 @@ UPDATES: list[Update] = [
         "spec.trainer.procsPerWorker",
         "are immutable",
     ),
+    # Settings every worker of one job must share (issue 15: edits reached only new pods and mixed them).
+    *(
+        Update(
+            f"{path.rsplit('.', 1)[-1]}-immutable", _set(path, value), True, "spec.training", "are immutable"
+        )
+        for path, value in (
+            ("spec.training.seed", 7),
+            ("spec.training.epochs", 9),
+            ("spec.training.microBatchSize", 8),
+            ("spec.training.precision", "bf16"),
+            ("spec.training.optimizer", {"lr": 0.5}),
+            ("spec.training.lrSchedule", {"type": "cosine"}),
+        )
+    ),
+    *(
+        Update(f"trainer-{name}-immutable", _set(path, value), True, "spec.trainer", "are immutable")
+        for name, path, value in (
+            ("image", "spec.trainer.image", "ghcr.io/etj-dev/etj-trainer:0.2.0"),
+            ("env", "spec.trainer.env", [{"name": "ETJ_DATA", "value": "digits-tensor"}]),
+            (
+                "env-added",
+                "spec.trainer.env",
+                [{"name": "ETJ_DATA", "value": "digits"}, {"name": "ETJ_MODEL", "value": "resnet18"}],
+            ),
+            ("args", "spec.trainer.args", ["--verbose"]),
+            ("gpu", "spec.trainer.resources.gpu", 2),
+            ("volumes", "spec.trainer.volumes", [{"name": "data", "emptyDir": {}}]),
+        )
+    ),
+    Update("image-removed", _delete("spec.trainer.image"), True, "spec.trainer", "are immutable"),
+    Update("pull-policy-editable", _set("spec.trainer.imagePullPolicy", "Always"), False),
     # Elastic knobs stay editable: that is what `kubectl scale` and suspend are for.
     Update("max-editable", _set("spec.replicas.max", 2), False),
     Update("suspend-editable", _set("spec.suspend", True), False),
     Update("interval-editable", _set("spec.checkpoint.intervalSteps", 50), False),
+    Update("min-editable", _set("spec.replicas.min", 2), False),
+    Update("placement-editable", _set("spec.placement.nodeSelector", {"pool": "b"}), False),
 ]

@@ -141,6 +141,12 @@ CHECKPOINT_INTERVAL_STEPS = _var(
 PROGRESS_URL = _var(
     "PROGRESS_URL", str, "where rank 0 POSTs progress (the rendezvous pod)", field="progress_url", set_by=OP
 )
+# The only operator variable that is not a literal: the pod reads it from the job's Secret (secretKeyRef),
+# so the token never appears in a pod spec. The store requires it on /progress (etj_contract.progress).
+PROGRESS_TOKEN = _var(
+    "PROGRESS_TOKEN", str, "the job's secret for the progress endpoint (from the Secret <job>-etj-token)",
+    set_by=OP,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

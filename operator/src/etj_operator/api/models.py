@@ -27,6 +27,7 @@ from etj_operator.api._base import (
     cel,
     rules,
     section,
+    unchanged,
 )
 from etj_operator.api.pod import (
     DEFAULT_COMMAND,
@@ -132,6 +133,19 @@ class DynamicSGDSpec(ApiModel):
     )
 
 
+# The recipe fields a running job must not change (globalBatchSize and resizePolicy have rules of their own).
+_FIXED_TRAINING = (
+    "epochs",
+    "seed",
+    "microBatchSize",
+    "precision",
+    "dynamicSGD",
+    "optimizer",
+    "lrSchedule",
+    "augmentation",
+)
+
+
 class TrainingSpec(CheckedModel):
     """Batch sizes, resize policy, length and recipe (optimizer, LR schedule, precision, augmentation)."""
 
@@ -143,6 +157,12 @@ class TrainingSpec(CheckedModel):
                 "self.microBatchSize <= self.globalBatchSize",
                 "training.microBatchSize must not be greater than training.globalBatchSize",
                 field_path=".microBatchSize",
+            ),
+            cel(
+                " && ".join(unchanged(f) for f in _FIXED_TRAINING),
+                "training.epochs, seed, microBatchSize, precision, optimizer, lrSchedule, augmentation and "
+                "dynamicSGD are immutable: a change would reach only the workers started after it and mix "
+                "two settings in one job; create a new job to change them",
             ),
         )
     }
@@ -215,15 +235,6 @@ class PVCRef(ApiModel):
     )
 
 
-def _unchanged(name: str) -> str:
-    """CEL: field ``name`` is neither added, removed nor changed by an update.
-
-    Written with has() because the apiserver also checks rules against the schema's ``default: {}``, where
-    nested defaults have not been filled in yet.
-    """
-    return f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})"
-
-
 class CheckpointSpec(ApiModel):
     """Where and how often checkpoints are written. The location is immutable once the job exists."""
 
@@ -231,7 +242,7 @@ class CheckpointSpec(ApiModel):
         "json_schema_extra": rules(
             cel("!(has(self.pvc) && has(self.uri))", "set checkpoint.pvc or checkpoint.uri, not both"),
             cel(
-                " && ".join(_unchanged(f) for f in ("path", "pvc", "uri")),
+                " && ".join(unchanged(f) for f in ("path", "pvc", "uri")),
                 "checkpoint.pvc, checkpoint.path and checkpoint.uri are immutable; a new location would lose "
                 "the job's progress",
             ),
@@ -304,6 +315,14 @@ class FailurePolicy(ApiModel):
     )
     count_interruptions: bool = Field(
         default=False, description="Also count spot interruptions and drains against maxFailures."
+    )
+    progress_deadline_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=604_800,
+        description="Seconds the training step may stand still while the job is Ready before the "
+        "Progressing condition turns False (reason ProgressDeadlineExceeded, with a Warning Event naming "
+        "the trainer's last error). 0 disables the check.",
     )
 
 

@@ -44,6 +44,12 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     CAPACITY_AVAILABLE = "CapacityAvailable"  # enough schedulable nodes for replicas.min
+    # The apiserver refused a pod the job needs (ResourceQuota, LimitRange, an admission webhook, Pod
+    # Security): True with reason FailedCreate and the apiserver's message, as a ReplicaSet reports it.
+    REPLICA_FAILURE = "ReplicaFailure"
+    # The training step advances: False once it stood still for failurePolicy.progressDeadlineSeconds while
+    # the job was Ready (a crash loop, a hang); Unknown while the job is not training or progress is unread.
+    PROGRESSING = "Progressing"
 
 
 class StatusModel(ApiModel):
@@ -80,6 +86,9 @@ class Progress(StatusModel):
     loss: float | None = Field(default=None, description="Recent training loss.")
     accuracy: float | None = Field(default=None, description="Final evaluation accuracy (set at the end).")
     last_update_time: Time | None = Field(default=None, description="When the trainer last reported.")
+    last_step_time: Time | None = Field(
+        default=None, description="When step last changed (the Progressing condition's clock)."
+    )
 
 
 class ResizeEvent(StatusModel):

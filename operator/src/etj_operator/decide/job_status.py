@@ -17,6 +17,8 @@ from pydantic import ValidationError
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_operator.api.models import (
     MAX_RESIZE_HISTORY,
+    Condition,
+    ConditionType,
     ElasticTrainingJobSpec,
     ElasticTrainingJobStatus,
     LastCheckpoint,
@@ -62,6 +64,8 @@ class StatusInputs:
     progress_time: datetime | None = None
     trainer_image: str | None = None  # what the pods run; None: no image anywhere, nothing can start
     usage_namespaces: tuple[str, ...] = ()  # namespaces whose pods' GPU use free_slots subtracts; (): all
+    create_rejection: str | None = None  # the apiserver refused a pod create (its message), still current
+    progress_tracked: bool = True  # the operator reads the trainer's progress (--progress-seconds > 0)
 
 
 def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
@@ -108,6 +112,9 @@ def _apply_progress(
     try:
         progress = Progress.model_validate({k: v for k, v in fields.items() if v is not None})
         progress.last_update_time = at
+        before = st.progress
+        changed = before is None or before.step != progress.step
+        progress.last_step_time = at if changed else before.last_step_time if before else None
         st.progress = progress
     except ValidationError:
         pass
@@ -210,7 +217,31 @@ def merge_resizes(
     return out[-MAX_RESIZE_HISTORY:]
 
 
-def _facts(inp: StatusInputs, phase: Phase, resizing: bool, worker_drains: Sequence[Drain]) -> JobFacts:
+def stalled_seconds(inp: StatusInputs, st: ElasticTrainingJobStatus) -> float | None:
+    """How long the step has stood still while the job was Ready; None while it is not Ready.
+
+    The clock starts at the later of the step's last change and the job becoming Ready, so a job that
+    waited for capacity (or its first step) is not stalled by that wait.
+    """
+    if st.phase not in (Phase.RUNNING, Phase.RESIZING) or not inp.rendezvous_running:
+        return None  # not Ready (conditions._ready)
+    ready = next(
+        (c for c in inp.prev.conditions if c.type == ConditionType.READY and c.status == "True"), None
+    )
+    since = ready.last_transition_time if ready is not None else inp.now
+    step_time = st.progress.last_step_time if st.progress else None
+    if step_time is not None and step_time > since:
+        since = step_time
+    return max(0.0, (inp.now - since).total_seconds())
+
+
+def _facts(
+    inp: StatusInputs,
+    st: ElasticTrainingJobStatus,
+    phase: Phase,
+    resizing: bool,
+    worker_drains: Sequence[Drain],
+) -> JobFacts:
     """What the condition rules look at, from this round's inputs."""
     spec = inp.spec
     return JobFacts(
@@ -228,7 +259,21 @@ def _facts(inp: StatusInputs, phase: Phase, resizing: bool, worker_drains: Seque
         max_failures=spec.failure_policy.max_failures,
         free_slots=inp.free_slots,
         partial_usage=bool(inp.usage_namespaces),
+        create_rejection=inp.create_rejection,
+        stalled_seconds=stalled_seconds(inp, st),
+        progress_deadline=inp.spec.failure_policy.progress_deadline_seconds,
+        progress_tracked=inp.progress_tracked,
+        step=st.progress.step if st.progress else None,
+        last_error=ProgressDoc.from_json(dict(inp.progress or {})).last_error,
     )
+
+
+def _status(conditions: Sequence[Condition], type_: str) -> str | None:
+    return next((str(c.status) for c in conditions if c.type == type_), None)
+
+
+def _message(conditions: Sequence[Condition], type_: str) -> str | None:
+    return next((c.message for c in conditions if c.type == type_ and c.status == "True"), None)
 
 
 def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[KubeEvent]]:
@@ -296,10 +341,21 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     if phase in (Phase.SUCCEEDED, Phase.FAILED) and st.completion_time is None:
         st.completion_time = now
 
-    facts = _facts(inp, phase, resizing, worker_drains)
+    facts = _facts(inp, st, phase, resizing, worker_drains)
     conds = build_conditions(st.conditions, facts, generation=gen, now=now)
     no_image = ConditionReason.NO_TRAINER_IMAGE
     if ready_reason(conds) == no_image and ready_reason(inp.prev.conditions) != no_image:
         events.append(KubeEvent("Warning", no_image, NO_TRAINER_IMAGE_MESSAGE))
+    if (
+        _status(conds, ConditionType.PROGRESSING) == "False"
+        and _status(inp.prev.conditions, ConditionType.PROGRESSING) != "False"
+        and phase in (Phase.RUNNING, Phase.RESIZING)
+    ):
+        message = next(c.message for c in conds if c.type == ConditionType.PROGRESSING)
+        events.append(KubeEvent("Warning", ConditionReason.PROGRESS_DEADLINE_EXCEEDED, message))
+    rejected = inp.create_rejection
+    if rejected and rejected != _message(inp.prev.conditions, ConditionType.REPLICA_FAILURE):
+        # Once per distinct refusal, not on every retry of the same one.
+        events.append(KubeEvent("Warning", ConditionReason.FAILED_CREATE, rejected))
     st.conditions = conds
     return st, events
