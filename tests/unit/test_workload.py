@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.decide.workload import rendezvous_pod, rendezvous_service, worker_pod
+from etj_operator.decide.workload import rendezvous_index, rendezvous_pod, rendezvous_service, worker_pod
 from tests.unit.factories import spec
 
 
@@ -185,8 +185,8 @@ def test_user_required_terms_are_anded_with_the_capacity_rule() -> None:
 
 
 def test_store_runs_on_demand_behind_a_headless_service() -> None:
-    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u")
-    assert pod["metadata"]["name"] == "train-rdzv"
+    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", index=2)
+    assert pod["metadata"]["name"] == "train-rdzv-2"  # the Service, train-rdzv, selects it by label
     container = pod["spec"]["containers"][0]
     assert container["command"] == [
         "etj-train",
@@ -205,3 +205,19 @@ def test_store_runs_on_demand_behind_a_headless_service() -> None:
     svc = rendezvous_service(job="train", namespace="ml", uid="u")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"etj.dev/job": "train", "etj.dev/role": "rendezvous"}
+
+
+@pytest.mark.parametrize(
+    ("pod", "index"),
+    [
+        ("train-rdzv", -1),  # the fixed name of operators before fresh store names
+        ("train-rdzv-0", 0),
+        ("train-rdzv-12", 12),
+        ("train-rdzv-x", None),
+        ("train-rdzv-", None),
+        ("train-worker-1", None),
+        ("other-rdzv-1", None),
+    ],
+)
+def test_rendezvous_index_reads_only_this_jobs_store_names(pod: str, index: int | None) -> None:
+    assert rendezvous_index("train", pod) == index

@@ -47,7 +47,23 @@ def worker_name(job: str, slot: int) -> str:
 
 
 def rendezvous_name(job: str) -> str:
+    """The store's Service (a stable address); its pods are ``rendezvous_pod_name``."""
     return f"{job}-rdzv"
+
+
+def rendezvous_pod_name(job: str, index: int) -> str:
+    """Each replacement store pod gets a fresh name: a lost one may stay Terminating on a dead node, and
+    a fixed name would keep the job without a store until it is gone. The Service selects by label."""
+    return f"{rendezvous_name(job)}-{index}"
+
+
+def rendezvous_index(job: str, pod: str) -> int | None:
+    """The index in a store pod's name; -1 for the fixed name older operators used; None if not ours."""
+    base = rendezvous_name(job)
+    if pod == base:
+        return -1
+    tail = pod.removeprefix(base + "-")
+    return int(tail) if tail != pod and tail.isdigit() else None
 
 
 def rendezvous_host(job: str, namespace: str) -> str:
@@ -353,7 +369,13 @@ def worker_pod(
 
 
 def rendezvous_pod(
-    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, image: str | None = None
+    spec: ElasticTrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    uid: str,
+    image: str | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     """The store pod: TCPStore for c10d rendezvous + progress HTTP endpoint, outside every worker."""
     rdzv = spec.placement.rendezvous
@@ -388,7 +410,8 @@ def rendezvous_pod(
         "volumeMounts": [{"name": "etj-tmp", "mountPath": "/tmp"}],
     }
     pod_spec: dict[str, Any] = {
-        # Always: a crashed store restarts in place and keeps its IP; the service name stays valid anyway.
+        # Always: a crashed store restarts in place. A lost one is replaced by a new pod (new name, maybe
+        # a new IP): agents reach it by the Service name and re-form the world on it (etj_trainer.store_link).
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": RENDEZVOUS_GRACE_SECONDS,
         "enableServiceLinks": False,
@@ -404,7 +427,8 @@ def rendezvous_pod(
     if affinity:
         pod_spec["affinity"] = affinity
     pod_labels = labels(job, ROLE_RENDEZVOUS)
-    return _pod(rendezvous_name(job), namespace, pod_labels, owner_reference(job, uid), pod_spec)
+    name = rendezvous_pod_name(job, index)
+    return _pod(name, namespace, pod_labels, owner_reference(job, uid), pod_spec)
 
 
 def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
