@@ -282,17 +282,32 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
+    from etj_trainer.store_link import STORE_ERRORS, ReconnectingRendezvous
 
     start_method = "spawn"
     if warmup is not None:
         warmup.join()  # join the rendezvous only when a worker can start with a fork
         start_method = "forkserver"
         patch_rendezvous_poll(cfg.rdzv_poll_interval)
-        handler = make_rendezvous_handler(cfg)
-    else:
-        handler = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
+    # Store loss is waited out, never an agent failure (store_link.py).
+    handler = ReconnectingRendezvous(
+        (lambda: make_rendezvous_handler(cfg))
+        if warmup is not None
+        else (lambda: rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())),
+        cfg.endpoint,
+        join_timeout=cfg.join_timeout,
+    )
 
     class EtjAgent(LocalElasticAgent):
+        def _rendezvous(self, worker_group: Any) -> None:
+            # The store can go between the round and the rank assignment torch does on it: wait for the
+            # new store and join its round (the handler waits), instead of failing the agent.
+            while True:
+                try:
+                    return super()._rendezvous(worker_group)  # type: ignore[no-any-return]
+                except STORE_ERRORS as e:
+                    handler.store_lost(e)
+
         def _restart_workers(self, worker_group: Any) -> None:
             # Our workers must stop *for a restart*, not survive in place: say so before signalling.
             write_agent_state(state_file, AGENT_RESTARTING)
@@ -322,8 +337,8 @@ def run_agent(cfg: AgentConfig) -> int:
         result = agent.run()
     except SignalException as e:
         # agent.run() has already SIGTERMed the workers and waited for them (they checkpoint first).
-        if cfg.fast_restart:
-            _leave_rendezvous(handler)
+        if cfg.fast_restart and not handler.lost:
+            _leave_rendezvous(handler.inner)
         return 128 + int(e.sigval)
     finally:
         if state_file:
