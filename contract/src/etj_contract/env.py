@@ -249,6 +249,11 @@ KEEP_ALIVE_INTERVAL = _var("KEEP_ALIVE_INTERVAL", int, "seconds between rendezvo
 FAST_RESTART = _var(
     "FAST_RESTART", truthy, "0: plain torchrun behaviour (no forkserver, no explicit leave); default on"
 )
+MAX_CRASH_RESTARTS = _var(
+    "MAX_CRASH_RESTARTS",
+    int,
+    "in-pod restarts after crashes without progress before the pod fails (default 3)",
+)
 
 # ---- set by the agent for its workers ------------------------------------------------------------------
 AGENT_STATE_FILE = _var(

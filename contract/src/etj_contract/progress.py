@@ -9,7 +9,10 @@ document only. Two rules make the channel lossless for what matters:
   stale document cannot take one back;
 - ``finished``/``accuracy`` are sticky: once a finished report is stored, later stale reports cannot unset
   it, and the trainer POSTs that final report synchronously, retrying until the store acknowledges it
-  (``etj_trainer.progress``).
+  (``etj_trainer.progress``);
+- ``lastError`` (the last line of a crashed worker's error, sent by its agent in a report of its own,
+  without a step) stays until a newer error replaces it: an error report changes nothing else, and a
+  training report without one does not clear it (the operator shows it when the step stops advancing).
 
 Wire names are camelCase (JSON); unknown or malformed fields are dropped on parse, never fatal: the channel
 must not break the operator whatever a trainer image sends.
@@ -26,6 +29,7 @@ PROGRESS_PATH = "/progress"
 # How long a finishing rank 0 retries its final report; the operator waits longer than this for it before
 # marking the job Succeeded without it (planner.FINAL_REPORT_GRACE).
 FINAL_REPORT_DEADLINE_S = 60.0
+MAX_ERROR_CHARS = 500  # one line of an error, not a traceback
 MAX_RESIZES = 100  # a trainer's history is bounded: the operator keeps fewer (status.resizeHistory) anyway
 
 
@@ -118,6 +122,7 @@ class ProgressDoc:
     resizes: tuple[ResizeRecord, ...] = field(default_factory=tuple)
     finished: bool = False
     accuracy: float | None = None  # at the end, on the validation set
+    last_error: str | None = None  # "<worker>: <last line of its error>", from the worker's agent
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -129,6 +134,8 @@ class ProgressDoc:
             out["lastCheckpoint"] = self.last_checkpoint
         out["resizes"] = [r.to_json() for r in self.resizes]
         out["finished"] = self.finished
+        if self.last_error is not None:
+            out["lastError"] = self.last_error
         return out
 
     @classmethod
@@ -150,6 +157,9 @@ class ProgressDoc:
         if isinstance(resizes, list):
             values["resizes"] = tuple(r for r in map(ResizeRecord.from_json, resizes) if r is not None)
         values["finished"] = raw.get("finished") is True
+        error = raw.get("lastError")
+        if isinstance(error, str) and error:
+            values["last_error"] = error[:MAX_ERROR_CHARS]
         return cls(**values)
 
 
@@ -162,6 +172,9 @@ def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:
     """
     if stored is None:
         return incoming
+    error = incoming.last_error or stored.last_error
+    if incoming.step is None and incoming.last_error is not None:
+        return replace(stored, last_error=error)  # an agent's error report: nothing else changes
     base = stored if stored.finished and not incoming.finished else incoming
     seen: dict[tuple[str, int, int], ResizeRecord] = {}
     for record in (*stored.resizes, *incoming.resizes):
@@ -170,7 +183,7 @@ def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:
         if old is None or (old.pause_seconds is None and record.pause_seconds is not None):
             seen[record.key] = record
     resizes = tuple(sorted(seen.values(), key=lambda r: r.time))[-MAX_RESIZES:]
-    return replace(base, resizes=resizes)
+    return replace(base, resizes=resizes, last_error=error)
 
 
 def _count(value: object) -> TypeGuard[int]:
@@ -187,6 +200,7 @@ def _nonneg_number(value: object) -> TypeGuard[int | float]:
 
 __all__ = [
     "FINAL_REPORT_DEADLINE_S",
+    "MAX_ERROR_CHARS",
     "MAX_RESIZES",
     "PROGRESS_PATH",
     "ProgressDoc",

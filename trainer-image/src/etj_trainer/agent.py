@@ -38,6 +38,13 @@ from datetime import timedelta
 from typing import Any
 
 from etj_contract import env as etj_env
+from etj_trainer.crash_budget import (
+    DEFAULT_MAX_CRASHES,
+    EXIT_RESIZE,
+    CrashCount,
+    after_failure,
+    error_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +91,9 @@ class AgentConfig:
     join_timeout: int = 600
     external_store: bool = True  # is_host=false: never host the store in a worker (single point of failure)
     fast_restart: bool = True  # forkserver start + explicit leave; False = plain torchrun behaviour
+    max_crashes: int = DEFAULT_MAX_CRASHES  # crash restarts without progress before the pod fails
+    progress_url: str = ""  # where the agent reads the job's step and reports a crash's error line
+    worker_id: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -95,6 +105,9 @@ class AgentConfig:
             max_nodes=etj_env.MAX_WORKERS.get(e, 1),
             nproc_per_node=etj_env.NPROC_PER_WORKER.get(e, 1),
             fast_restart=etj_env.FAST_RESTART.get(e, True),
+            max_crashes=etj_env.MAX_CRASH_RESTARTS.get(e, DEFAULT_MAX_CRASHES),
+            progress_url=etj_env.PROGRESS_URL.get(e, ""),
+            worker_id=etj_env.WORKER_ID.get(e, ""),
         )
         cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
         cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)
@@ -146,6 +159,13 @@ class AgentConfig:
 
 def worker_entry() -> None:
     """What each worker process runs (RANK, WORLD_SIZE, MASTER_* come from the agent)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # record: an exception's "Type: message" reaches the agent (its error file), which reports it.
+    record(_worker_main)()
+
+
+def _worker_main() -> None:
     from etj_trainer.lifetime import die_with_parent
 
     die_with_parent()  # first of all: a worker whose forkserver or agent is gone must not train on
@@ -189,6 +209,30 @@ def _leave_rendezvous(handler: Any) -> None:
 
 def _noop() -> None:
     pass
+
+
+class CrashLoop(Exception):
+    """The workers crashed more often in a row, without progress, than the budget allows."""
+
+
+def _job_progress(url: str) -> tuple[int, int] | None:
+    """(epoch, step) of the job's progress document; None when it cannot be read."""
+    from etj_trainer.progress import get_json
+
+    doc = get_json(url, timeout=2.0) if url else None
+    if not doc or not isinstance(doc.get("step"), int):
+        return None
+    epoch = doc.get("epoch")
+    return (epoch if isinstance(epoch, int) else 0, doc["step"])
+
+
+def _report_error(url: str, line: str) -> None:
+    """Best effort: the operator shows the last error when the job stops advancing."""
+    from etj_trainer.progress import post_json
+
+    if url:
+        with contextlib.suppress(OSError):
+            post_json(url, {"lastError": line}, timeout=2.0)
 
 
 def patch_rendezvous_poll(interval: float) -> bool:
@@ -275,7 +319,7 @@ def run_agent(cfg: AgentConfig) -> int:
         os.environ[etj_env.AGENT_STATE_FILE.name] = state_file
         warmup = start_forkserver(os.environ)
 
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -298,7 +342,15 @@ def run_agent(cfg: AgentConfig) -> int:
         join_timeout=cfg.join_timeout,
     )
 
+    crashes = CrashCount()
+
     class EtjAgent(LocalElasticAgent):
+        last_result: Any = None
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            self.last_result = super()._monitor_workers(worker_group)
+            return self.last_result
+
         def _rendezvous(self, worker_group: Any) -> None:
             # The store can go between the round and the rank assignment torch does on it: wait for the
             # new store and join its round (the handler waits), instead of failing the agent.
@@ -309,6 +361,8 @@ def run_agent(cfg: AgentConfig) -> int:
                     handler.store_lost(e)
 
         def _restart_workers(self, worker_group: Any) -> None:
+            if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self.last_result:
+                count_crash(self.last_result.failures)
             # Our workers must stop *for a restart*, not survive in place: say so before signalling.
             write_agent_state(state_file, AGENT_RESTARTING)
             super()._restart_workers(worker_group)
@@ -320,6 +374,30 @@ def run_agent(cfg: AgentConfig) -> int:
             # leave the round's size is stale (the barrier would wait its full timeout for a departed node).
             if not cfg.external_store:
                 super()._exit_barrier()  # type: ignore[no-untyped-call]  # torch's, untyped
+
+    def count_crash(failures: Mapping[int, Any]) -> None:
+        """Bound crash loops (crash_budget.py): report the error line; past the budget, give up."""
+        nonlocal crashes
+        verdict = after_failure(
+            crashes,
+            [f.exitcode for f in failures.values()],
+            _job_progress(cfg.progress_url),
+            store_lost=handler.lost,
+            max_crashes=cfg.max_crashes,
+        )
+        crashes = verdict.count
+        if not verdict.crash:
+            return
+        failed = [f for f in failures.values() if f.exitcode not in (0, EXIT_RESIZE)]
+        line = error_line(failed[0].message if failed else "", cfg.worker_id)
+        print(
+            f"etj-train worker: crash {crashes.in_a_row} without progress: {line}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _report_error(cfg.progress_url, line)
+        if verdict.give_up:
+            raise CrashLoop(line)
 
     spec = WorkerSpec(
         role="trainer",
@@ -335,6 +413,13 @@ def run_agent(cfg: AgentConfig) -> int:
     print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:
         result = agent.run()
+    except CrashLoop as e:
+        print(
+            f"etj-train worker: {cfg.max_crashes + 1} crashes in a row without progress; giving up: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     except SignalException as e:
         # agent.run() has already SIGTERMed the workers and waited for them (they checkpoint first).
         if cfg.fast_restart and not handler.lost:
