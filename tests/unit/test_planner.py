@@ -458,7 +458,15 @@ def test_plan_is_deterministic(case: Case) -> None:
 def test_every_status_write_carries_the_full_conditions_list() -> None:
     result = plan(job(st=started(4)), observe(cluster(), [*RUNNING4, store()]))
     types = [c.type for c in result.status.conditions]
-    assert types == ["Ready", "Resizing", "Suspended", "Succeeded", "Failed", "CapacityAvailable"]
+    assert types == [
+        "Ready",
+        "Resizing",
+        "Suspended",
+        "Succeeded",
+        "Failed",
+        "CapacityAvailable",
+        "CheckpointVolatile",
+    ]
     assert result.status.to_patch()["conditions"][0]["status"] == "True"
 
 

@@ -75,6 +75,11 @@ def preload_modules(env: Mapping[str, str]) -> list[str]:
     return mods
 
 
+TORCH_SHUTDOWN_TIMEOUT = 30  # torch elastic's default wait for stopping workers
+SHUTDOWN_MARGIN_S = 10  # of the pod's grace period, kept for the agent's exit after its workers
+MIN_SHUTDOWN_TIMEOUT = 5
+
+
 @dataclass
 class AgentConfig:
     endpoint: str
@@ -92,6 +97,7 @@ class AgentConfig:
     external_store: bool = True  # is_host=false: never host the store in a worker (single point of failure)
     fast_restart: bool = True  # forkserver start + explicit leave; False = plain torchrun behaviour
     max_crashes: int = DEFAULT_MAX_CRASHES  # crash restarts without progress before the pod fails
+    grace_seconds: int | None = None  # the pod's terminationGracePeriodSeconds, when the operator says
     progress_url: str = ""  # where the agent reads the job's step and reports a crash's error line
     worker_id: str = ""
 
@@ -108,11 +114,23 @@ class AgentConfig:
             max_crashes=etj_env.MAX_CRASH_RESTARTS.get(e, DEFAULT_MAX_CRASHES),
             progress_url=etj_env.PROGRESS_URL.get(e, ""),
             worker_id=etj_env.WORKER_ID.get(e, ""),
+            grace_seconds=etj_env.TERMINATION_GRACE_SECONDS.read(e),
         )
         cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
         cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)
         cfg.keep_alive_interval = etj_env.KEEP_ALIVE_INTERVAL.get(e, cfg.keep_alive_interval)
         return cfg
+
+    @property
+    def shutdown_timeout(self) -> int:
+        """How long the agent waits for its workers' just-in-time checkpoint after a SIGTERM.
+
+        torch's default is 30 s whatever the pod's grace period; the pod's grace (less a margin for the
+        agent's own exit: leaving the rendezvous, at most 5 s) is the real limit: the kubelet SIGKILLs then.
+        """
+        if self.grace_seconds is None:
+            return TORCH_SHUTDOWN_TIMEOUT
+        return max(MIN_SHUTDOWN_TIMEOUT, self.grace_seconds - SHUTDOWN_MARGIN_S)
 
     def rdzv_configs(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -408,7 +426,12 @@ def run_agent(cfg: AgentConfig) -> int:
         max_restarts=cfg.max_restarts,
         monitor_interval=cfg.monitor_interval,
     )
-    agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
+    agent = EtjAgent(
+        spec=spec,
+        logs_specs=DefaultLogsSpecs(),
+        start_method=start_method,
+        shutdown_timeout=cfg.shutdown_timeout,
+    )
     # Wall-clock time: bench/resize_pause.py measures a joiner's pause from this line.
     print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:

@@ -44,6 +44,7 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     CAPACITY_AVAILABLE = "CapacityAvailable"  # enough schedulable nodes for replicas.min
+    CHECKPOINT_VOLATILE = "CheckpointVolatile"  # no PVC, no object store: the shared copy dies with the pods
 
 
 class StatusModel(ApiModel):

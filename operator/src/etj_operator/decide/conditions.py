@@ -34,11 +34,18 @@ class ConditionReason(StrEnum):
     WITHIN_FAILURE_BUDGET = "WithinFailureBudget"
     ENOUGH_CAPACITY = "EnoughCapacity"
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    NO_DURABLE_CHECKPOINT = "NoDurableCheckpoint"
+    CHECKPOINT_PVC = "CheckpointPVC"
+    CHECKPOINT_OBJECT_STORE = "CheckpointObjectStore"
 
 
 NO_TRAINER_IMAGE_MESSAGE = (
     "spec.trainer.image is not set and the operator has no default trainer image: set spec.trainer.image, "
     "or the chart's trainer.image (etj operator run --default-trainer-image, ETJ_DEFAULT_TRAINER_IMAGE)"
+)
+VOLATILE_MESSAGE = (
+    "neither checkpoint.pvc nor checkpoint.uri is set: the shared checkpoints live in each pod's emptyDir, "
+    "so losing every worker at once (a whole spot pool) restarts training from step 0"
 )
 PARTIAL_USAGE_NOTE = (
     "counting only GPUs used by pods in the watched namespaces: the operator is namespaced, so GPUs that "
@@ -69,6 +76,8 @@ class JobFacts:
     max_failures: int
     free_slots: int | None  # more workers that would fit now; None: not computed (at least min running)
     partial_usage: bool  # GPU use of other namespaces is invisible (namespaced operator)
+    checkpoint_pvc: str | None = None  # spec.checkpoint.pvc's claim
+    checkpoint_uri: str | None = None  # spec.checkpoint.uri
 
 
 Verdict = tuple[bool, str, str]  # status, reason, message
@@ -130,6 +139,14 @@ def _capacity(f: JobFacts) -> Verdict:
     )
 
 
+def _checkpoint_volatile(f: JobFacts) -> Verdict:
+    if f.checkpoint_uri is not None:
+        return False, ConditionReason.CHECKPOINT_OBJECT_STORE, f"checkpoints go to {f.checkpoint_uri}"
+    if f.checkpoint_pvc is not None:
+        return False, ConditionReason.CHECKPOINT_PVC, f"checkpoints go to the volume claim {f.checkpoint_pvc}"
+    return True, ConditionReason.NO_DURABLE_CHECKPOINT, VOLATILE_MESSAGE
+
+
 # The table, in the order the conditions are listed in status.
 RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
     (ConditionType.READY, _ready),
@@ -138,6 +155,7 @@ RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
     (ConditionType.SUCCEEDED, _succeeded),
     (ConditionType.FAILED, _failed),
     (ConditionType.CAPACITY_AVAILABLE, _capacity),
+    (ConditionType.CHECKPOINT_VOLATILE, _checkpoint_volatile),
 )
 
 

@@ -216,6 +216,8 @@ def _facts(inp: StatusInputs, phase: Phase, resizing: bool, worker_drains: Seque
         max_failures=spec.failure_policy.max_failures,
         free_slots=inp.free_slots,
         partial_usage=bool(inp.usage_namespaces),
+        checkpoint_pvc=spec.checkpoint.pvc.claim_name if spec.checkpoint.pvc is not None else None,
+        checkpoint_uri=spec.checkpoint.uri,
     )
 
 

@@ -209,7 +209,13 @@ def recipe_env(training: TrainingSpec) -> dict[etj_env.Var[Any], object]:
 
 
 def worker_env(
-    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, pod: str
+    spec: ElasticTrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    uid: str,
+    pod: str,
+    grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
 ) -> list[dict[str, Any]]:
     """The variables of etj_contract.env.OPERATOR_SET, then HOME, then the user's env (no ETJ_* there)."""
     host = rendezvous_host(job, namespace)
@@ -229,7 +235,10 @@ def worker_env(
         etj_env.DSGD_RAMP_STEPS: training.dynamic_sgd.ramp_steps,
         etj_env.EPOCHS: training.epochs,
         etj_env.SEED: training.seed,
-        etj_env.CHECKPOINT_DIR: spec.checkpoint.location,
+        etj_env.CHECKPOINT_DIR: spec.checkpoint.path,
+        etj_env.CHECKPOINT_URI: spec.checkpoint.uri or "",
+        etj_env.CHECKPOINT_KEEP: spec.checkpoint.keep,
+        etj_env.TERMINATION_GRACE_SECONDS: grace_seconds,
         etj_env.CHECKPOINT_INTERVAL_STEPS: spec.checkpoint.interval_steps,
         etj_env.PROGRESS_URL: f"http://{host}:{PROGRESS_PORT}/progress",
         **recipe_env(training),
@@ -340,7 +349,7 @@ def worker_pod(
         "imagePullPolicy": spec.trainer.image_pull_policy.value,
         "command": list(spec.trainer.command),
         "args": list(spec.trainer.args),
-        "env": worker_env(spec, job=job, namespace=namespace, uid=uid, pod=name),
+        "env": worker_env(spec, job=job, namespace=namespace, uid=uid, pod=name, grace_seconds=grace_seconds),
         "resources": _resources(spec),
         "securityContext": _restricted_container(),
         "volumeMounts": mounts,
