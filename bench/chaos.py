@@ -73,6 +73,7 @@ KINDS = (
 )
 WEIGHTS = (3, 3, 2, 2, 1, 2, 1, 1)
 BAD_JOB = "chaos-bad"
+NODE_PREFIX = {"spot": "spot", "on-demand": "od"}  # node names as Demo.start gives them
 NOTICE_S = 60.0  # the interrupted node goes at the latest this long after the notice
 RETURN_S = (8.0, 15.0)  # a fresh spot node this long after one is gone
 
@@ -103,10 +104,8 @@ class ChaosDemo(Demo):
         self.next_at = 0.0
         self.last_progress: tuple[int, int] = (-1, -1)
         self.notices: dict[str, float] = {}  # interrupted node -> monotonic time of the notice
-        self.returns: list[float] = []  # monotonic times at which a fresh spot node is due
-        self.spot_serial = 3
-        self.od_serial = 3
-        self.od_returns: list[float] = []  # monotonic times at which a fresh on-demand node is due
+        self.returns: list[tuple[float, str]] = []  # (monotonic time, capacity type) of a fresh node due
+        self.serial = {"spot": 3, "on-demand": 3}  # the next fresh node's number, per capacity type
         self.drain: tuple[str, subprocess.Popen[bytes]] | None = None  # node, `kubectl drain` running
         self.operator_restarts = 0
         self.bad: JSON = {"submitted_at": None, "failed_after_s": None, "error_after_s": None, "error": None}
@@ -131,20 +130,15 @@ class ChaosDemo(Demo):
                 self.kubectl("delete", "node", node, "--wait=false", check=False)
                 self.nodes.remove(node)
                 del self.notices[node]
-                self.returns.append(now + self.chaos.rng.uniform(*RETURN_S))
+                self.returns.append((now + self.chaos.rng.uniform(*RETURN_S), "spot"))
                 self.event(f"{node} terminated ({'after the drain' if drained else 'notice expired'})")
-        for due in [t for t in self.returns if t <= now]:
+        for due in [r for r in self.returns if r[0] <= now]:
             self.returns.remove(due)
-            name = f"{self.instance}-spot-{self.spot_serial}"
-            self.spot_serial += 1
-            self.add_node(name, "spot")
-            self.event(f"spot capacity is back: {name}")
-        for due in [t for t in self.od_returns if t <= now]:
-            self.od_returns.remove(due)
-            name = f"{self.instance}-od-{self.od_serial}"
-            self.od_serial += 1
-            self.add_node(name, "on-demand")
-            self.event(f"on-demand capacity is back: {name}")
+            capacity = due[1]
+            name = f"{self.instance}-{NODE_PREFIX[capacity]}-{self.serial[capacity]}"
+            self.serial[capacity] += 1
+            self.add_node(name, capacity)
+            self.event(f"{capacity} capacity is back: {name}")
         if self.drain is not None and self.drain[1].poll() is not None:
             node, proc = self.drain
             self.kubectl("uncordon", node, check=False)
@@ -278,7 +272,7 @@ class ChaosDemo(Demo):
             node = rng.choice(nodes)
             self.kubectl("delete", "node", node, "--wait=false", check=False)
             self.nodes.remove(node)
-            self.returns.append(time.monotonic() + rng.uniform(*RETURN_S))
+            self.returns.append((time.monotonic() + rng.uniform(*RETURN_S), "spot"))
             self.event(f"node-delete: {node} (machine gone without notice)")
             return node
         if kind == "spot-interruption":
@@ -309,7 +303,7 @@ class ChaosDemo(Demo):
             node = lost
             self.kubectl("delete", "node", node, "--wait=false", check=False)
             self.nodes.remove(node)
-            self.od_returns.append(time.monotonic() + rng.uniform(*RETURN_S))
+            self.returns.append((time.monotonic() + rng.uniform(*RETURN_S), "on-demand"))
             self.event(f"store-node-loss: {node} (machine gone without notice)")
             return node
         if kind == "od-drain":
