@@ -15,9 +15,17 @@ from etj_contract import env as etj_env
 from etj_trainer.local_launcher import LocalAgents
 from etj_trainer.progress import get_json
 
+BAD_INPUTS = {
+    # name: (the job's bad setting, what its error line must name)
+    "a bad data path": ({"ETJ_DATA": "{tmp}/no-such-dataset"}, "FileNotFoundError: "),
+    "a bad env value": ({"ETJ_MIN_STEP_SECONDS": "soon"}, "ValueError: "),
+}
+
 
 @pytest.mark.slow
-def test_a_bad_data_path_fails_the_agent_with_its_error_in_the_progress_doc(tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_a_bad_input_fails_the_agent_with_its_error_in_the_progress_doc(tmp_path: Path, case: str) -> None:
+    bad, names = BAD_INPUTS[case]
     env = {
         **os.environ,
         etj_env.JOB_NAME.name: "baddata",
@@ -27,8 +35,9 @@ def test_a_bad_data_path_fails_the_agent_with_its_error_in_the_progress_doc(tmp_
         etj_env.CHECKPOINT_DIR.name: str(tmp_path / "ckpt"),
         etj_env.LOCAL_CHECKPOINT_DIR.name: str(tmp_path / "local"),
         etj_env.MAX_CRASH_RESTARTS.name: "2",
-        "ETJ_DATA": str(tmp_path / "no-such-dataset"),
+        "ETJ_DATA": "digits-tensor",
         "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        **{k: v.replace("{tmp}", str(tmp_path)) for k, v in bad.items()},
     }
     cluster = LocalAgents(env=env, log_dir=tmp_path)
     try:
@@ -46,4 +55,4 @@ def test_a_bad_data_path_fails_the_agent_with_its_error_in_the_progress_doc(tmp_
     assert code == 1, log[-3000:]
     assert log.count("without progress:") == 3, log[-3000:]  # the first run and 2 restarts
     error = doc.get("lastError", "")
-    assert error.startswith("worker-0: FileNotFoundError: ") and "no-such-dataset" in error, doc
+    assert error.startswith(f"worker-0: {names}"), doc

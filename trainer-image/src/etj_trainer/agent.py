@@ -442,7 +442,15 @@ def run_agent(cfg: AgentConfig) -> int:
             file=sys.stderr,
             flush=True,
         )
-        return 1
+        if not handler.lost:
+            _leave_rendezvous(handler.inner)  # the others need not wait for our keep-alive to expire
+        # Exit at once: tearing the interpreter down under torch's store threads aborted (SIGABRT, not 1)
+        # in one of the first test runs here, and the exit code is what fails the pod.
+        if state_file:
+            with contextlib.suppress(OSError):
+                os.unlink(state_file)
+        sys.stdout.flush()
+        os._exit(1)
     except SignalException as e:
         # agent.run() has already SIGTERMed the workers and waited for them (they checkpoint first).
         if cfg.fast_restart and not handler.lost:
