@@ -18,7 +18,15 @@ things torchrun cannot do from flags (which is why the agent is built here from 
 * on SIGTERM, after its workers have written their just-in-time checkpoint and exited, the agent **leaves
   the rendezvous explicitly** (torch's own exit operation), so survivors re-form the world at once instead
   of waiting for this node's keep-alive to expire. torchrun deliberately does not do this on a signal: it
-  would have to close the rendezvous, which would end the job for everyone.
+  would have to close the rendezvous, which would end the job for everyone;
+* a **lost store is waited out** (store_link.py): the workers train on, and the world re-forms on the
+  operator's replacement store, instead of every agent exiting 1;
+* **crash loops are bounded** (crash_budget.py): crashes without progress are counted and each one's error
+  line goes to the progress document; past the budget the agent exits 1 and the job's failure budget decides;
+* the just-in-time checkpoint gets the pod's grace period (less a margin), not torch's fixed 30 s.
+
+Over ~400 lines: ``run_agent`` is one torch agent subclass and the hooks it needs; the decisions live in
+the modules named above, this file is their wiring.
 """
 
 from __future__ import annotations
