@@ -93,6 +93,7 @@ class ReconnectingRendezvous(RendezvousHandler):
         join_timeout: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         answers: Callable[[str], bool] = store_answers,
+        first: RendezvousHandler | None = None,
     ) -> None:
         self._factory = factory
         self._endpoint = endpoint
@@ -101,7 +102,7 @@ class ReconnectingRendezvous(RendezvousHandler):
         self._clock = clock
         self._answers = answers
         self._state = LinkState()
-        self.inner: RendezvousHandler = factory()
+        self.inner: RendezvousHandler = first if first is not None else factory()
         self.reconnects = 0
 
     # --- the store's state ---------------------------------------------------------------------
