@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from etj_trainer.agent import AgentConfig
 from etj_trainer.batching import ResizePolicy
 from etj_trainer.config import TrainConfig
@@ -26,6 +28,9 @@ CONTRACT_ENV = {
     "ETJ_CHECKPOINT_DIR": "/ckpt",
     "ETJ_CHECKPOINT_INTERVAL_STEPS": "250",
     "ETJ_PROGRESS_URL": "http://job-rdzv:29401/progress",
+    "ETJ_CHECKPOINT_URI": "s3://bucket/jobs/job",
+    "ETJ_CHECKPOINT_KEEP": "5",
+    "ETJ_TERMINATION_GRACE_SECONDS": "120",
 }
 
 
@@ -38,6 +43,27 @@ def test_train_config_from_contract_env() -> None:
     assert cfg.checkpoint_dir == Path("/ckpt") and cfg.checkpoint_interval_steps == 250
     assert cfg.progress_url == "http://job-rdzv:29401/progress"
     assert cfg.local_checkpoint_dir == Path("/dev/shm/etj-job-uid-1")
+    assert cfg.checkpoint_uri == "s3://bucket/jobs/job" and cfg.checkpoint_keep == 5  # a URI, not a Path
+
+
+def test_no_checkpoint_uri_when_the_operator_sets_it_empty() -> None:
+    assert TrainConfig.from_env({**CONTRACT_ENV, "ETJ_CHECKPOINT_URI": ""}).checkpoint_uri is None
+
+
+@pytest.mark.parametrize(
+    ("grace", "timeout"),
+    [
+        (None, 30),  # no grace known: torch's default
+        ("120", 110),  # the pod's grace less the agent's margin (the JIT checkpoint's time)
+        ("90", 80),
+        ("12", 5),  # never below the floor
+    ],
+)
+def test_the_jit_checkpoint_gets_the_pods_grace_period(grace: str | None, timeout: int) -> None:
+    env = {k: v for k, v in CONTRACT_ENV.items() if k != "ETJ_TERMINATION_GRACE_SECONDS"}
+    if grace is not None:
+        env["ETJ_TERMINATION_GRACE_SECONDS"] = grace
+    assert AgentConfig.from_env(env).shutdown_timeout == timeout
 
 
 def test_processes_per_worker_fall_back_to_torchruns_local_world_size() -> None:

@@ -89,9 +89,11 @@ def worker(slot: int, node_name: str | None = None, phase: str = "Running", **kw
     )
 
 
-def store(node_name: str | None = "od-0", phase: str = "Running", **kw: Any) -> PodInfo:
+def store(
+    node_name: str | None = "od-0", phase: str = "Running", name: str = "train-rdzv", **kw: Any
+) -> PodInfo:
     return PodInfo(
-        name="train-rdzv",
+        name=name,
         job="train",
         role="rendezvous",
         uid="r",

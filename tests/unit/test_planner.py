@@ -48,6 +48,14 @@ def _resize(reason: str, frm: int, to: int) -> Callable[[Plan], object]:
 
 
 RUNNING4 = [worker(i, f"spot-{i}") for i in range(4)]
+
+
+def _new_store(p: Plan, index: int, *, force: bool) -> None:
+    """A replacement store is created now with this index, and the old one deleted (forced or not)."""
+    assert p.create_rendezvous and p.rendezvous_index == index, (p.create_rendezvous, p.rendezvous_index)
+    assert [d.force for d in p.drains if d.role == "rendezvous"] == ([force] if p.drains else [])
+
+
 FINAL_REPORT: dict[str, Any] = {"step": 180, "finished": True, "accuracy": 0.98}
 RECENT_RESIZE: dict[str, Any] = {
     "resizeHistory": [
@@ -394,7 +402,7 @@ CASES = [
         phase=Phase.RESIZING,
     ),
     Case(
-        "store on an interrupted node is replaced, never while the old one exists",
+        "store on an interrupted node is replaced at once, under a fresh name",
         job(st=started(4)),
         observe(
             [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_DISRUPTED)],
@@ -403,7 +411,7 @@ CASES = [
         creates=[],
         drains=[("train-rdzv", Reason.NODE_DISRUPTED)],
         phase=Phase.RUNNING,
-        check=lambda p: (not p.create_rendezvous) or pytest.fail("store created while old exists"),
+        check=lambda p: _new_store(p, 0, force=False),
     ),
     Case(
         # regression (issue 15): a cordon alone (often an admin's or an upgrade's first step, undone or
@@ -431,6 +439,38 @@ CASES = [
         creates=[],
         drains=[],
         phase=Phase.RUNNING,
+        check=lambda p: (not p.create_rendezvous) or pytest.fail("the store moved"),
+    ),
+    Case(
+        "a lost store's pod stuck Terminating on a deleted node is removed and a fresh store created",
+        job(st=started(4)),
+        observe(
+            cluster(),
+            [*RUNNING4, store("od-9", name="train-rdzv-3", terminating=True)],
+            deleted_nodes={"od-9": NOW},
+        ),
+        creates=[],
+        drains=[("train-rdzv-3", Reason.NODE_DELETED)],
+        phase=Phase.RUNNING,
+        check=lambda p: _new_store(p, 4, force=True),
+    ),
+    Case(
+        "a store pod terminating on a live node is left to finish; its replacement does not wait",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store("od-0", name="train-rdzv-0", terminating=True)]),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        check=lambda p: _new_store(p, 1, force=False),
+    ),
+    Case(
+        "a running store is kept and no second one is made",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store("od-0", name="train-rdzv-0", terminating=True), store()]),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        check=lambda p: (not p.create_rendezvous) or pytest.fail("a second store"),
     ),
     Case(
         "ttl after finish deletes the job",
@@ -477,6 +517,7 @@ def test_every_status_write_carries_the_full_conditions_list() -> None:
         "CapacityAvailable",
         "ReplicaFailure",
         "Progressing",
+        "CheckpointVolatile",
     ]
     assert result.status.to_patch()["conditions"][0]["status"] == "True"
 

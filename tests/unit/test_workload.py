@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.decide.workload import rendezvous_pod, rendezvous_service, worker_pod
+from etj_operator.decide.workload import rendezvous_index, rendezvous_pod, rendezvous_service, worker_pod
 from tests.unit.factories import spec
 
 
@@ -193,8 +193,8 @@ def test_user_required_terms_are_anded_with_the_capacity_rule() -> None:
 
 
 def test_store_runs_on_demand_behind_a_headless_service() -> None:
-    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u")
-    assert pod["metadata"]["name"] == "train-rdzv"
+    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", index=2)
+    assert pod["metadata"]["name"] == "train-rdzv-2"  # the Service, train-rdzv, selects it by label
     container = pod["spec"]["containers"][0]
     assert container["command"] == [
         "etj-train",
@@ -238,3 +238,17 @@ def test_store_disruption_budget_admits_no_eviction_of_the_store_only() -> None:
         "selector": {"matchLabels": {"etj.dev/job": "j", "etj.dev/role": "rendezvous"}},
     }
     assert pdb["metadata"]["ownerReferences"][0]["uid"] == "u"
+@pytest.mark.parametrize(
+    ("pod", "index"),
+    [
+        ("train-rdzv", -1),  # the fixed name of operators before fresh store names
+        ("train-rdzv-0", 0),
+        ("train-rdzv-12", 12),
+        ("train-rdzv-x", None),
+        ("train-rdzv-", None),
+        ("train-worker-1", None),
+        ("other-rdzv-1", None),
+    ],
+)
+def test_rendezvous_index_reads_only_this_jobs_store_names(pod: str, index: int | None) -> None:
+    assert rendezvous_index("train", pod) == index

@@ -130,6 +130,29 @@ SEED = _var("SEED", int, "the training seed", field="seed", flag=True, set_by=OP
 CHECKPOINT_DIR = _var(
     "CHECKPOINT_DIR", Path, "shared checkpoint directory", field="checkpoint_dir", flag=True, set_by=OP
 )
+CHECKPOINT_URI = _var(
+    "CHECKPOINT_URI",
+    str,
+    "object-store checkpoint location (s3://bucket/prefix), used instead of CHECKPOINT_DIR; empty: none",
+    field="checkpoint_uri",
+    flag=True,
+    set_by=OP,
+)
+CHECKPOINT_KEEP = _var(
+    "CHECKPOINT_KEEP",
+    int,
+    "checkpoints kept (older ones deleted)",
+    field="checkpoint_keep",
+    flag=True,
+    set_by=OP,
+)
+TERMINATION_GRACE_SECONDS = _var(
+    "TERMINATION_GRACE_SECONDS",
+    int,
+    "the worker pod's terminationGracePeriodSeconds: the agent gives its workers this, less a margin, to "
+    "checkpoint and exit",
+    set_by=OP,
+)
 CHECKPOINT_INTERVAL_STEPS = _var(
     "CHECKPOINT_INTERVAL_STEPS",
     int,
@@ -283,6 +306,11 @@ STARTUP_WAIT_SECONDS = _var(
 )
 FAST_RESTART = _var(
     "FAST_RESTART", truthy, "0: plain torchrun behaviour (no forkserver, no explicit leave); default on"
+)
+MAX_CRASH_RESTARTS = _var(
+    "MAX_CRASH_RESTARTS",
+    int,
+    "in-pod restarts after crashes without progress before the pod fails (default 3)",
 )
 
 # ---- set by the agent for its workers ------------------------------------------------------------------

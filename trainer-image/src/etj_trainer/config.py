@@ -50,6 +50,10 @@ class TrainConfig:
     val_resize: int = 0  # validation: shorter side resized to this, then center crop (0: image_size)
     sync_batchnorm: bool = False
     checkpoint_dir: Path | None = None
+    checkpoint_uri: str | None = (
+        None  # s3://bucket/prefix: the shared copy goes there instead (object_store.py)
+    )
+    checkpoint_keep: int = 3
     checkpoint_interval_steps: int = 100
     local_checkpoint_dir: Path | None = None  # fast copy, e.g. /dev/shm/etj-<job>; written every step
     progress_url: str = ""

@@ -26,12 +26,17 @@ from etj_contract import env as etj_env
 from etj_trainer.progress import get_json
 
 
-def launch_store(log: Path | None = None) -> tuple[subprocess.Popen[bytes], int, int]:
-    """Start `etj-train store` on free loopback ports; return the process, store port and HTTP port."""
-    port, http_port = free_port(), free_port()
+def launch_store(
+    log: Path | None = None, port: int = 0, http_port: int = 0
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start `etj-train store` on loopback (free ports unless given); return the process and its ports.
+
+    Given ports: a replacement store at the address the agents already hold, as the operator's new store
+    pod is behind the Service name they hold."""
+    port, http_port = port or free_port(), http_port or free_port()
     cmd = [sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1",
            "--port", str(port), "--http-port", str(http_port)]  # fmt: skip
-    out = open(log, "wb") if log is not None else None  # noqa: SIM115 - the child owns it
+    out = open(log, "ab") if log is not None else None  # noqa: SIM115 - the child owns it
     try:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
     finally:

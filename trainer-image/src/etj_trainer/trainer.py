@@ -284,7 +284,7 @@ def _build(cfg: TrainConfig, w: World, dataset_size: int, dtype: torch.dtype) ->
         opt=opt,
         scaler=recipe.grad_scaler(recipe.Precision(cfg.precision), w.device),
         sampler=ElasticSampler(dataset_size, cfg.seed),
-        ckpts=CheckpointStore(cfg.checkpoint_dir, cfg.local_checkpoint_dir),
+        ckpts=CheckpointStore.for_config(cfg),
         schedule=cfg.schedule(),
     )
 

@@ -273,10 +273,8 @@ class CheckpointSpec(ApiModel):
         default=500, ge=1, le=10_000_000, description="Checkpoint every N optimizer steps."
     )
     keep: int = Field(default=3, ge=1, le=100, description="Number of most recent checkpoints kept.")
-    on_interruption: bool = Field(
-        default=True,
-        description="Checkpoint as soon as a worker's node gets a spot interruption or drain notice.",
-    )
+    # No onInterruption switch: a worker told to stop always writes its just-in-time checkpoint (within
+    # the pod's grace period); turning that off could only lose work.
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:
@@ -286,7 +284,7 @@ class CheckpointSpec(ApiModel):
 
     @property
     def location(self) -> str:
-        """Value of ETJ_CHECKPOINT_DIR: the URI if set, else the directory."""
+        """Where the shared checkpoints go: the URI if set (ETJ_CHECKPOINT_URI), else the directory."""
         return self.uri if self.uri is not None else self.path
 
 

@@ -50,6 +50,7 @@ class ConditionType(StrEnum):
     # The training step advances: False once it stood still for failurePolicy.progressDeadlineSeconds while
     # the job was Ready (a crash loop, a hang); Unknown while the job is not training or progress is unread.
     PROGRESSING = "Progressing"
+    CHECKPOINT_VOLATILE = "CheckpointVolatile"  # no PVC, no object store: the shared copy dies with the pods
 
 
 class StatusModel(ApiModel):

@@ -40,11 +40,18 @@ class ConditionReason(StrEnum):
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     NOT_TRAINING = "NotTraining"
     PROGRESS_NOT_READ = "ProgressNotRead"
+    NO_DURABLE_CHECKPOINT = "NoDurableCheckpoint"
+    CHECKPOINT_PVC = "CheckpointPVC"
+    CHECKPOINT_OBJECT_STORE = "CheckpointObjectStore"
 
 
 NO_TRAINER_IMAGE_MESSAGE = (
     "spec.trainer.image is not set and the operator has no default trainer image: set spec.trainer.image, "
     "or the chart's trainer.image (etj operator run --default-trainer-image, ETJ_DEFAULT_TRAINER_IMAGE)"
+)
+VOLATILE_MESSAGE = (
+    "neither checkpoint.pvc nor checkpoint.uri is set: the shared checkpoints live in each pod's emptyDir, "
+    "so losing every worker at once (a whole spot pool) restarts training from step 0"
 )
 PARTIAL_USAGE_NOTE = (
     "counting only GPUs used by pods in the watched namespaces: the operator is namespaced, so GPUs that "
@@ -81,6 +88,8 @@ class JobFacts:
     progress_tracked: bool = True  # the operator reads the trainer's progress at all
     step: int | None = None
     last_error: str | None = None  # the trainer's last error line (progress doc lastError)
+    checkpoint_pvc: str | None = None  # spec.checkpoint.pvc's claim
+    checkpoint_uri: str | None = None  # spec.checkpoint.uri
 
 
 Verdict = tuple[bool | ConditionStatus, str, str]  # status, reason, message
@@ -169,6 +178,12 @@ def _progressing(f: JobFacts) -> Verdict:
             message += f"; the trainer's last error: {f.last_error}"
         return False, ConditionReason.PROGRESS_DEADLINE_EXCEEDED, message
     return True, ConditionReason.STEP_ADVANCING, at
+def _checkpoint_volatile(f: JobFacts) -> Verdict:
+    if f.checkpoint_uri is not None:
+        return False, ConditionReason.CHECKPOINT_OBJECT_STORE, f"checkpoints go to {f.checkpoint_uri}"
+    if f.checkpoint_pvc is not None:
+        return False, ConditionReason.CHECKPOINT_PVC, f"checkpoints go to the volume claim {f.checkpoint_pvc}"
+    return True, ConditionReason.NO_DURABLE_CHECKPOINT, VOLATILE_MESSAGE
 
 
 # The table, in the order the conditions are listed in status.
@@ -181,6 +196,7 @@ RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
     (ConditionType.CAPACITY_AVAILABLE, _capacity),
     (ConditionType.REPLICA_FAILURE, _replica_failure),
     (ConditionType.PROGRESSING, _progressing),
+    (ConditionType.CHECKPOINT_VOLATILE, _checkpoint_volatile),
 )
 
 

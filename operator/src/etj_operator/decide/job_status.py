@@ -265,6 +265,8 @@ def _facts(
         progress_tracked=inp.progress_tracked,
         step=st.progress.step if st.progress else None,
         last_error=ProgressDoc.from_json(dict(inp.progress or {})).last_error,
+        checkpoint_pvc=spec.checkpoint.pvc.claim_name if spec.checkpoint.pvc is not None else None,
+        checkpoint_uri=spec.checkpoint.uri,
     )
 
 

@@ -21,7 +21,7 @@ from etj_operator.api.models import (
 )
 from etj_operator.decide.job_status import StatusInputs, build_status
 from etj_operator.decide.types import Drain, KubeEvent
-from etj_operator.decide.workload import capacity_tolerations
+from etj_operator.decide.workload import capacity_tolerations, rendezvous_index
 from etj_operator.observe.nodes import NodeInfo, fits
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import INTERRUPTIONS, Reason, Signal
@@ -95,6 +95,7 @@ class Plan:
     drains: list[Drain] = field(default_factory=list)
     ensure_service: bool = False
     create_rendezvous: bool = False
+    rendezvous_index: int = 0  # the new store pod is workload.rendezvous_pod_name(job, index)
     rendezvous_capacity: list[CapacityType] = field(default_factory=list)
     status: ElasticTrainingJobStatus = field(default_factory=ElasticTrainingJobStatus)
     trainer_image: str | None = None  # what new worker and store pods run (None: nothing may be created)
@@ -203,6 +204,35 @@ def _room(node: NodeInfo, demand: Mapping[str, int], used: Mapping[str, int], mo
 
 def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:
     return max((e.time for e in status.resize_history), default=None)
+
+
+def _store_drains(rdzv: Sequence[PodInfo], obs: Observed) -> list[Drain]:
+    """Store pods to delete: an interrupted or exited one gracefully, one on a lost node at once.
+
+    A pod on a deleted (or long NotReady) node stays Terminating until its kubelet confirms, which never
+    happens; removing it (grace 0) is what the pod garbage collector would do minutes later.
+    """
+    out: list[Drain] = []
+    for pod in rdzv:
+        sig = interruption_of(pod, obs)
+        if sig is not None and sig.reason in STORE_STAYS_ON:
+            sig = None  # moving the store costs the rendezvous; only a real notice justifies it
+        node_lost = sig is not None and sig.reason in (Reason.NODE_DELETED, Reason.NODE_NOT_READY)
+        if pod.terminating and not node_lost:
+            continue
+        if sig is None and pod.phase not in ("Failed", "Succeeded"):
+            continue
+        why = sig.reason if sig else Reason.WORKER_FAILED
+        message = sig.message if sig else "store pod exited"
+        since = sig.since if sig else None
+        out.append(Drain(pod.name, why, message, pod.node, since, role="rendezvous", force=node_lost))
+    return out
+
+
+def next_rendezvous_index(job: str, rdzv: Sequence[PodInfo]) -> int:
+    """One past every store pod still known (terminating ones included): a name never in use twice."""
+    indices = [i for p in rdzv if (i := rendezvous_index(job, p.name)) is not None]
+    return max(indices, default=-1) + 1
 
 
 def _free_slots(pods: Sequence[PodInfo], count: int) -> list[int]:
@@ -316,7 +346,7 @@ def plan(job: JobView, obs: Observed) -> Plan:
     # 5. Rendezvous store: one pod per job on capacity that is not reclaimed, behind a headless Service.
     rdzv_spec = spec.placement.rendezvous
     out.rendezvous_capacity = list(rdzv_spec.capacity_types)
-    live_rdzv = [p for p in rdzv if not p.terminating]
+    live_rdzv = [p for p in rdzv if p.active]
     if stop_reason is not None:
         out.drains += [
             Drain(p.name, stop_reason, "rendezvous store not needed", p.node, role="rendezvous")
@@ -324,24 +354,13 @@ def plan(job: JobView, obs: Observed) -> Plan:
         ]
     else:
         out.ensure_service = True
-        for pod in live_rdzv:
-            sig = interruption_of(pod, obs)
-            if sig is not None and sig.reason in STORE_STAYS_ON:
-                sig = None  # moving the store costs the rendezvous; only a real notice justifies it
-            if sig is not None or pod.phase in ("Failed", "Succeeded"):
-                why = sig.reason if sig else Reason.WORKER_FAILED
-                out.drains.append(
-                    Drain(
-                        pod.name,
-                        why,
-                        sig.message if sig else "store pod exited",
-                        pod.node,
-                        sig.since if sig else None,
-                        role="rendezvous",
-                    )
-                )
-        # Same fixed name: wait until a terminating one is gone.
-        out.create_rendezvous = not rdzv and out.trainer_image is not None
+        out.drains += _store_drains(rdzv, obs)
+        lost = {d.pod for d in out.drains if d.role == "rendezvous"}
+        # A lost store is replaced at once under a fresh name (the agents wait for it and re-form the
+        # world on it: etj_trainer.store_link); nothing waits for the old pod to be gone.
+        if not any(p.name not in lost for p in live_rdzv) and out.trainer_image is not None:
+            out.create_rendezvous = True
+            out.rendezvous_index = next_rendezvous_index(job.name, rdzv)
 
     # 6. Status, events, TTL.
     running = sum(1 for p in survivors if p.running)

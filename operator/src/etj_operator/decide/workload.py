@@ -52,7 +52,23 @@ def worker_name(job: str, slot: int) -> str:
 
 
 def rendezvous_name(job: str) -> str:
+    """The store's Service (a stable address); its pods are ``rendezvous_pod_name``."""
     return f"{job}-rdzv"
+
+
+def rendezvous_pod_name(job: str, index: int) -> str:
+    """Each replacement store pod gets a fresh name: a lost one may stay Terminating on a dead node, and
+    a fixed name would keep the job without a store until it is gone. The Service selects by label."""
+    return f"{rendezvous_name(job)}-{index}"
+
+
+def rendezvous_index(job: str, pod: str) -> int | None:
+    """The index in a store pod's name; -1 for the fixed name older operators used; None if not ours."""
+    base = rendezvous_name(job)
+    if pod == base:
+        return -1
+    tail = pod.removeprefix(base + "-")
+    return int(tail) if tail != pod and tail.isdigit() else None
 
 
 def rendezvous_host(job: str, namespace: str) -> str:
@@ -225,7 +241,14 @@ def recipe_env(training: TrainingSpec) -> dict[etj_env.Var[Any], object]:
 
 
 def worker_env(
-    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, pod: str, startup_workers: int = 1
+    spec: ElasticTrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    uid: str,
+    pod: str,
+    grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
+    startup_workers: int = 1,
 ) -> list[dict[str, Any]]:
     """The variables of etj_contract.env.OPERATOR_SET, then HOME, then the user's env (no ETJ_* there)."""
     host = rendezvous_host(job, namespace)
@@ -246,7 +269,10 @@ def worker_env(
         etj_env.DSGD_RAMP_STEPS: training.dynamic_sgd.ramp_steps,
         etj_env.EPOCHS: training.epochs,
         etj_env.SEED: training.seed,
-        etj_env.CHECKPOINT_DIR: spec.checkpoint.location,
+        etj_env.CHECKPOINT_DIR: spec.checkpoint.path,
+        etj_env.CHECKPOINT_URI: spec.checkpoint.uri or "",
+        etj_env.CHECKPOINT_KEEP: spec.checkpoint.keep,
+        etj_env.TERMINATION_GRACE_SECONDS: grace_seconds,
         etj_env.CHECKPOINT_INTERVAL_STEPS: spec.checkpoint.interval_steps,
         etj_env.PROGRESS_URL: f"http://{host}:{PROGRESS_PORT}/progress",
         **recipe_env(training),
@@ -373,7 +399,13 @@ def worker_pod(
         "command": list(spec.trainer.command),
         "args": list(spec.trainer.args),
         "env": worker_env(
-            spec, job=job, namespace=namespace, uid=uid, pod=name, startup_workers=startup_workers
+            spec,
+            job=job,
+            namespace=namespace,
+            uid=uid,
+            pod=name,
+            grace_seconds=grace_seconds,
+            startup_workers=startup_workers,
         ),
         "resources": _resources(spec),
         "securityContext": _restricted_container(),
@@ -406,7 +438,13 @@ def worker_pod(
 
 
 def rendezvous_pod(
-    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, image: str | None = None
+    spec: ElasticTrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    uid: str,
+    image: str | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     """The store pod: TCPStore for c10d rendezvous + progress HTTP endpoint, outside every worker."""
     rdzv = spec.placement.rendezvous
@@ -443,7 +481,8 @@ def rendezvous_pod(
         "volumeMounts": [{"name": "etj-tmp", "mountPath": "/tmp"}],
     }
     pod_spec: dict[str, Any] = {
-        # Always: a crashed store restarts in place and keeps its IP; the service name stays valid anyway.
+        # Always: a crashed store restarts in place. A lost one is replaced by a new pod (new name, maybe
+        # a new IP): agents reach it by the Service name and re-form the world on it (etj_trainer.store_link).
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": RENDEZVOUS_GRACE_SECONDS,
         "enableServiceLinks": False,
@@ -461,8 +500,9 @@ def rendezvous_pod(
     if affinity:
         pod_spec["affinity"] = affinity
     pod_labels = labels(job, ROLE_RENDEZVOUS)
+    name = rendezvous_pod_name(job, index)
     owner = owner_reference(job, uid)
-    return _pod(rendezvous_name(job), namespace, pod_labels, owner, pod_spec, dict(STORE_ANNOTATIONS))
+    return _pod(name, namespace, pod_labels, owner, pod_spec, dict(STORE_ANNOTATIONS))
 
 
 def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:

@@ -198,7 +198,10 @@ class JobRunner:
     async def apply(self, job: JobView, result: Plan, pods: Mapping[str, PodInfo]) -> None:
         # Drains first: they are the latency-critical part (the node is going away).
         await asyncio.gather(
-            *(self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason)) for d in result.drains)
+            *(
+                self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason), force=d.force)
+                for d in result.drains
+            )
         )
         rejection, errors = await self._create_all(job, result)
         attempted = result.create_workers or result.create_rendezvous or rejection or errors
@@ -227,7 +230,12 @@ class JobRunner:
         creates: list[Any] = []
         if result.create_rendezvous:
             store = workload.rendezvous_pod(
-                job.spec, job=job.name, namespace=job.namespace, uid=job.uid, image=result.trainer_image
+                job.spec,
+                job=job.name,
+                namespace=job.namespace,
+                uid=job.uid,
+                image=result.trainer_image,
+                index=result.rendezvous_index,
             )
             creates.append(self._create(store, ROLE_RENDEZVOUS, None))
         for slot in result.create_workers:
@@ -245,12 +253,20 @@ class JobRunner:
         return _rejections(await asyncio.gather(*creates, return_exceptions=True))
 
     async def _drain(
-        self, job: JobView, name: str, pod: PodInfo | None, since: datetime | None, reason: str
+        self,
+        job: JobView,
+        name: str,
+        pod: PodInfo | None,
+        since: datetime | None,
+        reason: str,
+        *,
+        force: bool = False,
     ) -> None:
         uid = pod.uid if pod is not None else None
         grace = None  # the pod's own terminationGracePeriodSeconds: time for the JIT checkpoint
-        if pod is not None and pod.phase in ("Failed", "Succeeded", "Pending") and pod.node is None:
-            grace = 0  # nothing runs: no reason to wait
+        idle = pod is not None and pod.phase in ("Failed", "Succeeded", "Pending") and pod.node is None
+        if force or idle:
+            grace = 0  # nothing runs (or its node is gone): no reason to wait
         await self.kube.delete_pod(job.namespace, name, uid=uid or None, grace=grace)
         self.expect_delete[name] = (uid or "", time.monotonic() + EXPECTATION_TTL)
         self.expect_create.pop(name, None)
