@@ -83,19 +83,19 @@ MIN_WORKERS = _var(
 MAX_WORKERS = _var(
     "MAX_WORKERS", int, "spec.replicas.max, in pods (torchrun --nnodes=:MAX)", field="max_workers", set_by=OP
 )
+STARTUP_WORKERS = _var(
+    "STARTUP_WORKERS",
+    int,
+    "workers the job has once this pod's batch exists: a new agent waits (bounded) for that many to arrive"
+    " before its first rendezvous, so the first world forms at that size, not 0->2->4",
+    set_by=OP,
+)
 NPROC_PER_WORKER = _var(
     "NPROC_PER_WORKER",
     int,
     "training processes (ranks) per worker pod: spec.trainer.procsPerWorker (default: GPUs, else 1); "
     "torchrun --nproc-per-node",
     field="procs_per_worker",
-    set_by=OP,
-)
-STARTUP_WORKERS = _var(
-    "STARTUP_WORKERS",
-    int,
-    "workers the job has once this pod's batch exists: a new agent waits (bounded) for that many to arrive"
-    " before its first rendezvous, so the first world forms at that size, not 0->2->4",
     set_by=OP,
 )
 GLOBAL_BATCH_SIZE = _var(

@@ -5,7 +5,9 @@ as pods), each running ``--procs-per-node`` training processes (ranks; a pod's `
 follows the progress channel and changes membership at given steps. Schedule syntax, comma separated
 ``STEP:ACTION``, counted in nodes (all of a node's ranks come and go together): ``+K`` start K agents,
 ``-K`` SIGTERM the K newest agents (a graceful spot notice), ``!K`` SIGKILL them and everything they
-started (a hard loss). Example: ``--nodes 2 --procs-per-node 2 --schedule 20:+1,40:-2,60:+1``.
+started (a hard loss). Example: ``--nodes 2 --procs-per-node 2 --schedule 20:+1,40:-2,60:+1``. The
+schedule starts once the first N nodes all train together: on a busy machine the world may first form
+with fewer (the others join in a resize of their own), and a ``-1`` must not hit a node still starting.
 """
 
 from __future__ import annotations
@@ -142,8 +144,8 @@ def run_local(
     train_env: dict[str, str],
     log_dir: Path,
     timeout_s: float = 900,
-    procs_per_node: int = 1,
     stagger_s: float = 0.0,
+    procs_per_node: int = 1,
 ) -> dict[str, object]:
     """Run a job of ``nodes`` agents x ``procs_per_node`` ranks; returns the last progress document (plus
     the applied events and the agents' exit codes).
@@ -174,12 +176,14 @@ def run_local(
                 time.sleep(stagger_s)  # the scenario: this node starts later
             cluster.start_agent()
         deadline = time.monotonic() + timeout_s
+        full = False  # the first `nodes` have trained together: the schedule may start
         while cluster.alive() and time.monotonic() < deadline:
             doc = get_json(cluster.progress_url) or {}
             if doc:
                 last = doc
             step = int(doc.get("step", 0) or 0)
-            while pending and step >= pending[0].step:
+            full = full or int(doc.get("worldSize", 0) or 0) >= nodes * procs_per_node
+            while full and pending and step >= pending[0].step:
                 cluster.apply(pending.pop(0))
             time.sleep(0.1)
         last = get_json(cluster.progress_url) or last
