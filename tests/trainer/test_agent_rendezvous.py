@@ -36,7 +36,7 @@ def test_handler_takes_a_sub_second_last_call() -> None:
     cfg = AgentConfig(
         endpoint=f"127.0.0.1:{store.port}", run_id="t", min_nodes=1, max_nodes=4, last_call_timeout=0.5
     )
-    handler = make_rendezvous_handler(cfg)
+    handler, _ = make_rendezvous_handler(cfg)
     assert handler.settings.timeout.last_call.total_seconds() == 0.5
     assert (handler.settings.min_nodes, handler.settings.max_nodes) == (1, 4)
     assert handler.settings.keep_alive_interval.total_seconds() == cfg.keep_alive_interval

@@ -45,6 +45,20 @@ def test_a_hard_kill_takes_the_whole_node_and_the_world_shrinks(tmp_path: Path) 
     _assert_exactly_once(samples, epochs=3)  # through the crash too
 
 
+@pytest.mark.slow
+def test_the_first_world_waits_for_a_node_that_starts_late(tmp_path: Path) -> None:
+    # regression (issue 16, and a clean-clone run on a loaded machine): the second node joined the
+    # rendezvous more than last_call (1 s) after the first, so the job started at 1 and restarted at 2
+    samples = tmp_path / "samples"
+    env = _tiny_job(samples, epochs=1, min_step_seconds=0.0)
+    result = run_local(2, [], env, tmp_path / "logs", timeout_s=600, stagger_s=6.0)
+    assert result.get("finished") is True, result
+    assert result["resizes"] == [] and result["worldSize"] == 2, result  # type: ignore[index]
+    logs = (tmp_path / "logs" / "worker-0.log").read_text(errors="replace")
+    assert "start-up: 2 of 2 workers arrived" in logs
+    _assert_exactly_once(samples, epochs=1)
+
+
 def _tiny_job(samples: Path, epochs: int, min_step_seconds: float) -> dict[str, str]:
     """A 2-node digits job small enough for the suite, logging which samples each step used."""
     return {

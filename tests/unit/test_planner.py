@@ -439,3 +439,38 @@ def test_restart_with_lagging_status_never_duplicates_workers() -> None:
     pods = [worker(0, "spot-0"), worker(2, "spot-2"), store()]
     result = plan(job(st=ElasticTrainingJobStatus()), observe(cluster(), pods))
     assert result.create_workers == [1, 3]
+
+
+STARTUP_CASES = [
+    # (name, job, observed, creates, startup_workers): what new agents wait for before the first rendezvous
+    ("fresh job with room for all: the first world waits for all four", job(), observe(cluster(), []), 4, 4),
+    (
+        "fresh job with room for two: the two pods left for the autoscaler do not hold the world back",
+        job(),
+        observe(cluster(spot=2), []),
+        4,
+        2,
+    ),
+    (
+        "a replacement counts the survivors (their count is long reached: it joins at once)",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4[:3], store()]),
+        1,
+        4,
+    ),
+    (
+        "nothing to create: nothing to wait for",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store()]),
+        0,
+        0,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "j", "obs", "creates", "startup"), STARTUP_CASES, ids=[c[0] for c in STARTUP_CASES]
+)
+def test_startup_workers(name: str, j: JobView, obs: Observed, creates: int, startup: int) -> None:
+    result = plan(j, obs)
+    assert (len(result.create_workers), result.startup_workers) == (creates, startup)

@@ -79,6 +79,13 @@ MIN_WORKERS = _var(
 MAX_WORKERS = _var(
     "MAX_WORKERS", int, "spec.replicas.max (torchrun --nnodes=:MAX)", field="max_workers", set_by=OP
 )
+STARTUP_WORKERS = _var(
+    "STARTUP_WORKERS",
+    int,
+    "workers the job has once this pod's batch exists: a new agent waits (bounded) for that many to arrive"
+    " before its first rendezvous, so the first world forms at that size, not 0->2->4",
+    set_by=OP,
+)
 NPROC_PER_WORKER = _var("NPROC_PER_WORKER", int, "processes per worker pod (GPUs, or 1 on CPU)", set_by=OP)
 GLOBAL_BATCH_SIZE = _var(
     "GLOBAL_BATCH_SIZE", int, "samples per optimizer step", field="global_batch_size", flag=True, set_by=OP
@@ -249,6 +256,9 @@ LOG_LEVEL = _var("LOG_LEVEL", str, "the elastic agent's log level (default WARNI
 LAST_CALL_TIMEOUT = _var("LAST_CALL_TIMEOUT", float, "seconds a round below max size waits for stragglers")
 RDZV_POLL_INTERVAL = _var("RDZV_POLL_INTERVAL", float, "seconds between rendezvous state polls")
 KEEP_ALIVE_INTERVAL = _var("KEEP_ALIVE_INTERVAL", int, "seconds between rendezvous keep-alives")
+STARTUP_WAIT_SECONDS = _var(
+    "STARTUP_WAIT_SECONDS", float, "bound on that start-up wait, seconds (default 60)"
+)
 FAST_RESTART = _var(
     "FAST_RESTART", truthy, "0: plain torchrun behaviour (no forkserver, no explicit leave); default on"
 )

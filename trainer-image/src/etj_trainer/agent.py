@@ -84,6 +84,8 @@ class AgentConfig:
     join_timeout: int = 600
     external_store: bool = True  # is_host=false: never host the store in a worker (single point of failure)
     fast_restart: bool = True  # forkserver start + explicit leave; False = plain torchrun behaviour
+    startup_workers: int = 0  # wait for this many agents before the first rendezvous (startup.py)
+    startup_wait_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -99,6 +101,8 @@ class AgentConfig:
         cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
         cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)
         cfg.keep_alive_interval = etj_env.KEEP_ALIVE_INTERVAL.get(e, cfg.keep_alive_interval)
+        cfg.startup_workers = etj_env.STARTUP_WORKERS.get(e, cfg.startup_workers)
+        cfg.startup_wait_s = etj_env.STARTUP_WAIT_SECONDS.get(e, cfg.startup_wait_s)
         return cfg
 
     def rdzv_configs(self) -> dict[str, Any]:
@@ -228,8 +232,11 @@ def patch_rendezvous_poll(interval: float) -> bool:
     return True
 
 
-def make_rendezvous_handler(cfg: AgentConfig) -> Any:
-    """torch's c10d DynamicRendezvousHandler, built directly so ``last_call`` can be sub-second."""
+def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
+    """torch's c10d DynamicRendezvousHandler, built directly so ``last_call`` can be sub-second.
+
+    Returns the handler and its store client (the start-up wait counts agents on it).
+    """
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
@@ -237,7 +244,7 @@ def make_rendezvous_handler(cfg: AgentConfig) -> Any:
     )
 
     backend, store = create_backend(cfg.rendezvous_parameters())
-    return DynamicRendezvousHandler.from_backend(
+    handler = DynamicRendezvousHandler.from_backend(
         cfg.run_id,
         store,
         backend,
@@ -249,6 +256,7 @@ def make_rendezvous_handler(cfg: AgentConfig) -> Any:
         keep_alive_interval=cfg.keep_alive_interval,
         keep_alive_max_attempt=cfg.keep_alive_max_attempt,
     )
+    return handler, store
 
 
 def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
@@ -401,7 +409,16 @@ def run_agent(cfg: AgentConfig) -> int:
         warmup.join()  # join the rendezvous only when a worker can start with a fork
         start_method = "forkserver"
         patch_rendezvous_poll(cfg.rdzv_poll_interval)
-        handler = make_rendezvous_handler(cfg)
+        handler, store = make_rendezvous_handler(cfg)
+        if cfg.startup_workers > 1:
+            from etj_trainer.startup import wait_for_startup_peers
+
+            wait = wait_for_startup_peers(store, cfg.run_id, cfg.startup_workers, cfg.startup_wait_s)
+            print(
+                f"etj-train worker: start-up: {wait.arrived} of {wait.expected} workers arrived"
+                f" after {wait.waited_s:.2f} s",
+                flush=True,
+            )
     else:
         handler = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
 

@@ -135,8 +135,12 @@ def run_local(
     train_env: dict[str, str],
     log_dir: Path,
     timeout_s: float = 900,
+    stagger_s: float = 0.0,
 ) -> dict[str, object]:
-    """Run a job; returns the last progress document (plus the applied events)."""
+    """Run a job; returns the last progress document (plus the applied events).
+
+    ``stagger_s``: seconds between the initial nodes' starts (pods that are scheduled apart).
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
     env = {
@@ -146,6 +150,7 @@ def run_local(
         etj_env.NPROC_PER_WORKER.name: "1",
         etj_env.MIN_WORKERS.name: "1",
         etj_env.MAX_WORKERS.name: str(max(nodes, 1)),
+        etj_env.STARTUP_WORKERS.name: str(nodes),  # the first world forms with all of them (startup.py)
         **train_env,
     }
     env.setdefault(etj_env.CHECKPOINT_DIR.name, str(log_dir / "checkpoints"))
@@ -155,7 +160,9 @@ def run_local(
     last: dict[str, object] = {}
     try:
         cluster.start_store()
-        for _ in range(nodes):
+        for i in range(nodes):
+            if i and stagger_s:
+                time.sleep(stagger_s)  # the scenario: this node starts later
             cluster.start_agent()
         deadline = time.monotonic() + timeout_s
         while cluster.alive() and time.monotonic() < deadline:

@@ -78,6 +78,10 @@ class Observed:
 @dataclass
 class Plan:
     create_workers: list[int] = field(default_factory=list)  # slots; names are <job>-worker-<slot>
+    # Workers the job has once those of create_workers that fit on free capacity now exist: new agents wait
+    # (bounded) for that many before their first rendezvous (etj_trainer/startup.py), so a job's first world
+    # forms at the size already scheduled instead of 0->2->4.
+    startup_workers: int = 0
     drains: list[Drain] = field(default_factory=list)
     ensure_service: bool = False
     create_rendezvous: bool = False
@@ -269,6 +273,10 @@ def plan(job: JobView, obs: Observed) -> Plan:
     lazy = _LazyCapacity(spec, obs)
     if creatable:
         out.create_workers = _free_slots(workers, _workers_to_add(job, obs, out, len(survivors), lazy))
+        if out.create_workers:
+            # Only pods with room now: one waiting for the autoscaler must not hold the first world back.
+            placeable = min(len(out.create_workers), lazy.get().total)
+            out.startup_workers = len(survivors) + placeable
 
     # 5. Rendezvous store: one pod per job on capacity that is not reclaimed, behind a headless Service.
     rdzv_spec = spec.placement.rendezvous

@@ -193,7 +193,7 @@ def recipe_env(training: TrainingSpec) -> dict[etj_env.Var[Any], object]:
 
 
 def worker_env(
-    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, pod: str
+    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, pod: str, startup_workers: int = 1
 ) -> list[dict[str, Any]]:
     """The variables of etj_contract.env.OPERATOR_SET, then HOME, then the user's env (no ETJ_* there)."""
     host = rendezvous_host(job, namespace)
@@ -206,6 +206,7 @@ def worker_env(
         etj_env.RDZV_ID: uid,
         etj_env.MIN_WORKERS: spec.replicas.min,
         etj_env.MAX_WORKERS: spec.replicas.max,
+        etj_env.STARTUP_WORKERS: startup_workers,
         etj_env.NPROC_PER_WORKER: spec.procs_per_worker,
         etj_env.GLOBAL_BATCH_SIZE: training.global_batch_size,
         etj_env.MICRO_BATCH_SIZE: training.micro_batch_size,
@@ -313,8 +314,12 @@ def worker_pod(
     slot: int,
     grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
     image: str | None = None,
+    startup_workers: int = 1,
 ) -> dict[str, Any]:
-    """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image)."""
+    """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image).
+
+    ``startup_workers``: the job's workers once this pod's batch exists (the plan's ``startup_workers``).
+    """
     name = worker_name(job, slot)
     placement = spec.placement
     volumes, mounts = _worker_storage(spec)
@@ -324,7 +329,9 @@ def worker_pod(
         "imagePullPolicy": spec.trainer.image_pull_policy.value,
         "command": list(spec.trainer.command),
         "args": list(spec.trainer.args),
-        "env": worker_env(spec, job=job, namespace=namespace, uid=uid, pod=name),
+        "env": worker_env(
+            spec, job=job, namespace=namespace, uid=uid, pod=name, startup_workers=startup_workers
+        ),
         "resources": _resources(spec),
         "securityContext": _restricted_container(),
         "volumeMounts": mounts,

@@ -211,6 +211,7 @@ class JobRunner:
                 slot=slot,
                 grace_seconds=self.settings.worker_grace_seconds,
                 image=result.trainer_image,
+                startup_workers=result.startup_workers,
             )
             creates.append(self._create(body, ROLE_WORKER, slot))
         await asyncio.gather(*creates)
