@@ -283,50 +283,6 @@ def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
     return t
 
 
-START_WAIT_S = 30.0  # the most the first world waits for agents still warming up
-
-
-def start_wait_over(arrived: int, ready: int, formed: bool, waited_s: float, bound_s: float) -> bool:
-    """May this (warm) agent join the rendezvous? Before the job's first world forms, not until every agent
-    that has started is warm too (bounded): otherwise the first round closes with the fastest few and the
-    world restarts as each of the others arrives (0 -> 2 -> 4)."""
-    return formed or ready >= arrived or waited_s >= bound_s
-
-
-class StartGate:
-    """The agents' count on the external store: ``arrived`` at process start, ``ready`` once warm."""
-
-    def __init__(self, endpoint: str, run_id: str) -> None:
-        import torch.distributed as dist
-
-        host, _, port = endpoint.rpartition(":")
-        self.store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
-        self.prefix = f"etj-start/{run_id}"
-        self.store.add(f"{self.prefix}/arrived", 1)
-
-    ready = 0  # agents warm when this one stopped waiting
-
-    def wait(self, bound_s: float = START_WAIT_S) -> bool:
-        """Returns whether the job's first world had formed already (this agent is a joiner)."""
-        p, t0 = self.prefix, time.monotonic()
-        self.store.add(f"{p}/ready", 1)
-        formed_before = self.store.check([f"{p}/formed"])
-        while True:
-            arrived, ready = self.store.add(f"{p}/arrived", 0), self.store.add(f"{p}/ready", 0)
-            self.ready = int(ready)
-            formed = self.store.check([f"{p}/formed"])
-            if start_wait_over(arrived, ready, formed, time.monotonic() - t0, bound_s):
-                break
-            time.sleep(0.05)
-        if not formed:
-            print(
-                f"etj-train worker: {ready} of {arrived} agents warm after {time.monotonic() - t0:.2f} s",
-                flush=True,
-            )
-        self.store.set(f"{p}/formed", "1")
-        return bool(formed_before)
-
-
 def _set_min_nodes(handler: Any, n: int) -> bool:
     """torch's rendezvous settings are frozen and private; its join op reads ``min_nodes`` on every poll."""
     try:
@@ -401,9 +357,9 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
+    from etj_trainer.join import door_open
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
 
-    gate = StartGate(cfg.endpoint, cfg.run_id) if cfg.fast_restart else None
     start_method = "spawn"
     if warmup is not None:
         warmup.join()  # join the rendezvous only when a worker can start with a fork
@@ -419,6 +375,16 @@ def run_agent(cfg: AgentConfig) -> int:
                 f" after {wait.waited_s:.2f} s",
                 flush=True,
             )
+            if wait.complete and not door_open(cfg.endpoint, cfg.run_id):
+                # The first round also waits for all of them (bounded), not the last call only: on a busy
+                # node an agent that has arrived can take longer than the last call to join the round.
+                first_round_min_nodes(
+                    handler, min(cfg.startup_workers, cfg.max_nodes), cfg.min_nodes, cfg.startup_wait_s
+                )
+        if door_open(cfg.endpoint, cfg.run_id):  # a running world admits joiners at a step boundary
+            rc = run_joiners(cfg)
+            if rc is not None:
+                return rc
     else:
         handler = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
 
@@ -450,18 +416,6 @@ def run_agent(cfg: AgentConfig) -> int:
         monitor_interval=cfg.monitor_interval,
     )
     agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
-    if gate is not None:
-        if gate.wait():  # the job's world formed already: this agent is a joiner
-            from etj_trainer.join import door_open
-
-            if door_open(gate.store, cfg.run_id):  # a running world admits joiners at a step boundary
-                rc = run_joiners(cfg)
-                if rc is not None:
-                    return rc
-        elif warmup is not None:
-            # The first round waits for every agent that was warm with us (bounded), not the last call
-            # only: on a busy node a warm agent's join can take longer than the last call.
-            first_round_min_nodes(handler, min(gate.ready, cfg.max_nodes), cfg.min_nodes, START_WAIT_S)
     # Wall-clock time: bench/resize_pause.py measures a joiner's pause from this line.
     print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:

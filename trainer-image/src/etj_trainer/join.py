@@ -83,8 +83,11 @@ def joining() -> bool:
     return bool(etj_env.JOIN_IN_PLACE.get(os.environ, False))
 
 
-def door_open(store: dist.Store, run_id: str) -> bool:
-    """Has a world of this job ever admitted joiners in place (its rank 0 opened the door)?"""
+def door_open(endpoint: str, run_id: str) -> bool:
+    """Has a world of this job opened its door to joiners (its rank 0 runs with in-place resizes)? The
+    agent's test for "join in place" rather than through the rendezvous: false before the first world."""
+    host, _, port = endpoint.rpartition(":")
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
     return bool(store.check([f"etj-join/{run_id}/open"]))
 
 
