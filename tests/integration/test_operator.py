@@ -5,7 +5,6 @@ Only convergence is asserted, with wait-with-timeout polling; no test asserts ho
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,6 @@ from tests.integration.opbed import Bed, OperatorProcess
 from tests.plugins.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def bed(cluster: Cluster, namespace: str) -> Iterator[Bed]:
-    b = Bed(cluster, namespace)
-    yield b
-    b.cleanup()
-
-
-@pytest.fixture
-def operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield op
-    op.stop()
-    print(op.logs())  # captured: pytest shows it only when the test failed
 
 
 def _worker_nodes(bed: Bed, job: str) -> dict[str, str]:

@@ -34,9 +34,17 @@ def test_train_config_from_contract_env() -> None:
     assert (cfg.global_batch_size, cfg.micro_batch_size, cfg.epochs, cfg.seed) == (1024, 64, 90, 17)
     assert cfg.resize_policy == ResizePolicy.DYNAMIC_SGD and cfg.dsgd_ramp_steps == 500
     assert (cfg.min_workers, cfg.max_workers) == (2, 8)
+    assert (cfg.procs_per_worker, cfg.min_ranks) == (4, 8)  # the minimum in ranks: 2 pods x 4 processes
     assert cfg.checkpoint_dir == Path("/ckpt") and cfg.checkpoint_interval_steps == 250
     assert cfg.progress_url == "http://job-rdzv:29401/progress"
     assert cfg.local_checkpoint_dir == Path("/dev/shm/etj-job-uid-1")
+
+
+def test_processes_per_worker_fall_back_to_torchruns_local_world_size() -> None:
+    # `torchrun --nproc-per-node 2 -m etj_trainer.torchrun_entry` sets LOCAL_WORLD_SIZE, not ETJ_NPROC_...
+    base = {k: v for k, v in CONTRACT_ENV.items() if k != "ETJ_NPROC_PER_WORKER"}
+    assert TrainConfig.from_env({**base, "LOCAL_WORLD_SIZE": "2"}).min_ranks == 4
+    assert TrainConfig.from_env(base).procs_per_worker == 1
 
 
 def test_agent_config_targets_the_external_store() -> None:

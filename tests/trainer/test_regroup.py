@@ -27,6 +27,20 @@ DECISIONS = {
     "one of two leaves: the other goes on alone": ([R, L], 1, True, Regroup((0,), True, "graceful leave")),
     "rank 0 leaves: rank 1 becomes rank 0": ([L, R, R], 1, True, Regroup((1, 2), True, "graceful leave")),
     "a whole 2-GPU node leaves": ([R, R, L, L], 2, True, Regroup((0, 1), True, "graceful leave")),
+    "a whole 2-process pod leaves though only one of its ranks saw the signal this step": (
+        [R, R, R, L],
+        2,
+        True,
+        Regroup((0, 1), True, "graceful leave"),
+        2,
+    ),
+    "one rank of each of two 2-process pods: both pods leave, below the minimum": (
+        [L, R, R, L, R, R],
+        3,
+        True,
+        Regroup((4, 5), False, "2 surviving ranks < minimum 3"),
+        2,
+    ),
     "a joiner is coming: everyone restarts": (
         [X, L, R],
         1,
@@ -69,8 +83,8 @@ DECISIONS = {
 
 @pytest.mark.parametrize("case", list(DECISIONS), ids=list(DECISIONS))
 def test_decide(case: str) -> None:
-    codes, min_ranks, enabled, expected = DECISIONS[case]
-    assert decide([int(c) for c in codes], min_ranks, enabled) == expected
+    codes, min_ranks, enabled, expected, *procs = DECISIONS[case]
+    assert decide([int(c) for c in codes], min_ranks, enabled, *procs) == expected
 
 
 def test_the_choice_is_logged_with_its_reason() -> None:

@@ -92,6 +92,13 @@ CASES: dict[str, tuple[JobFacts, ConditionType, bool, str]] = {
         False,
         R.INSUFFICIENT_CAPACITY,
     ),
+    "a pod create the apiserver refuses is a replica failure": (
+        replace(RUNNING, create_rejection='pods "x" is forbidden: exceeded quota: gpus'),
+        ConditionType.REPLICA_FAILURE,
+        True,
+        R.FAILED_CREATE,
+    ),
+    "no refusal: the pods were created": (RUNNING, ConditionType.REPLICA_FAILURE, False, R.PODS_CREATED),
 }
 
 

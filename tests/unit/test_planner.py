@@ -261,6 +261,28 @@ CASES = [
         check=lambda p: all(e.type == "Normal" for e in p.events) or pytest.fail(str(p.events)),
     ),
     Case(
+        # regression (issue 15): any pod that reached the store could POST finished: true, and with no
+        # worker Running (all Pending for capacity here) the job became Succeeded
+        "a finished report with no worker that exited 0 finishes nothing",
+        job(st=started(0)),
+        observe(
+            cluster(spot=0),
+            [worker(i, None, phase="Pending") for i in range(4)] + [store()],
+            progress=FINAL_REPORT,
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.PENDING,
+    ),
+    Case(
+        "a finished report while workers run (none exited) keeps the job running",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store()], progress=FINAL_REPORT),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+    ),
+    Case(
         "finished job stays finished and creates nothing",
         job(st=status(phase="Succeeded", completionTime=NOW.isoformat())),
         observe(cluster(), []),
@@ -375,13 +397,40 @@ CASES = [
         "store on an interrupted node is replaced, never while the old one exists",
         job(st=started(4)),
         observe(
+            [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_DISRUPTED)],
+            [*RUNNING4, store("od-0")],
+        ),
+        creates=[],
+        drains=[("train-rdzv", Reason.NODE_DISRUPTED)],
+        phase=Phase.RUNNING,
+        check=lambda p: (not p.create_rendezvous) or pytest.fail("store created while old exists"),
+    ),
+    Case(
+        # regression (issue 15): a cordon alone (often an admin's or an upgrade's first step, undone or
+        # followed by a drain the store's PodDisruptionBudget holds) stopped the store, losing the rendezvous
+        "a cordon alone does not move the store",
+        job(st=started(4)),
+        observe(
             [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_CORDONED)],
             [*RUNNING4, store("od-0")],
         ),
         creates=[],
-        drains=[("train-rdzv", Reason.NODE_CORDONED)],
+        drains=[],
         phase=Phase.RUNNING,
-        check=lambda p: (not p.create_rendezvous) or pytest.fail("store created while old exists"),
+    ),
+    Case(
+        "nor does a rebalance recommendation (a hint, not a notice)",
+        job(st=started(4)),
+        observe(
+            [
+                *cluster(on_demand=0),
+                node("od-0", CapacityType.ON_DEMAND, signal=Reason.REBALANCE_RECOMMENDATION),
+            ],
+            [*RUNNING4, store("od-0")],
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
     ),
     Case(
         "ttl after finish deletes the job",
@@ -419,7 +468,16 @@ def test_plan_is_deterministic(case: Case) -> None:
 def test_every_status_write_carries_the_full_conditions_list() -> None:
     result = plan(job(st=started(4)), observe(cluster(), [*RUNNING4, store()]))
     types = [c.type for c in result.status.conditions]
-    assert types == ["Ready", "Resizing", "Suspended", "Succeeded", "Failed", "CapacityAvailable"]
+    assert types == [
+        "Ready",
+        "Resizing",
+        "Suspended",
+        "Succeeded",
+        "Failed",
+        "CapacityAvailable",
+        "ReplicaFailure",
+        "Progressing",
+    ]
     assert result.status.to_patch()["conditions"][0]["status"] == "True"
 
 
@@ -439,6 +497,50 @@ def test_restart_with_lagging_status_never_duplicates_workers() -> None:
     pods = [worker(0, "spot-0"), worker(2, "spot-2"), store()]
     result = plan(job(st=ElasticTrainingJobStatus()), observe(cluster(), pods))
     assert result.create_workers == [1, 3]
+
+
+def test_a_refused_pod_create_is_one_warning_per_distinct_refusal_and_status_goes_on() -> None:
+    refused = 'pods "train-worker-3" is forbidden: exceeded quota: gpus'
+    first = plan(
+        job(st=started(3, **OLD_RESIZE)),
+        observe(cluster(), [*RUNNING4[:3], store()], create_rejection=refused),
+    )
+    cond = next(c for c in first.status.conditions if c.type == "ReplicaFailure")
+    assert (cond.status, cond.reason, cond.message) == ("True", "FailedCreate", refused)
+    assert [e.reason for e in first.events if e.type == "Warning"] == ["FailedCreate"]
+    assert first.status.workers == "3/4" and first.create_workers == [3]  # it keeps trying
+    again = plan(job(st=first.status), observe(cluster(), [*RUNNING4[:3], store()], create_rejection=refused))
+    assert not [e for e in again.events if e.reason == "FailedCreate"]
+    cleared = plan(job(st=again.status), observe(cluster(), [*RUNNING4, store()]))
+    cond = next(c for c in cleared.status.conditions if c.type == "ReplicaFailure")
+    assert (cond.status, cond.reason) == ("False", "PodsCreated")
+
+
+def test_a_failed_workers_last_log_line_names_the_cause_in_its_warning() -> None:
+    from etj_operator.observe.pods import pod_info
+
+    body = {
+        "metadata": {"name": "train-worker-3", "labels": {"etj.dev/job": "train", "etj.dev/role": "worker"}},
+        "spec": {"nodeName": "spot-3"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "state": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "message": "Traceback (most recent call last):\n  ...\n"
+                            "FileNotFoundError: /data/imagenet/train\n",
+                        }
+                    }
+                }
+            ],
+        },
+    }
+    failed = pod_info(body)
+    out = plan(job(st=started(4)), observe(cluster(), [*RUNNING4[:3], failed, store()]))
+    warning = next(e for e in out.events if e.type == "Warning" and e.reason == "WorkerFailed")
+    assert "FileNotFoundError: /data/imagenet/train" in warning.message, warning
 
 
 STARTUP_CASES = [

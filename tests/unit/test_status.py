@@ -11,7 +11,7 @@ from etj_contract.progress import ResizeRecord
 from etj_operator.api.models import ResizeEvent
 from etj_operator.decide.job_status import merge_resizes, record_resize
 from etj_operator.decide.planner import plan
-from tests.unit.factories import NOW, cluster, job, observe, started, store, worker
+from tests.unit.factories import NOW, cluster, job, observe, spec, started, status, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]
 
@@ -82,6 +82,20 @@ def test_trainer_resize_enriches_the_operator_record_once() -> None:
     assert len(merged) == 1
     assert (merged[0].reason, merged[0].pause_seconds, merged[0].steps_lost) == ("SpotInterruption", 18.5, 3)
     assert merge_resizes(merged, _records(reported)) == merged  # idempotent on the next poll
+
+
+def test_progress_in_ranks_and_resizes_in_pods_with_two_processes_per_pod() -> None:
+    # The trainer counts ranks (worldSize 4, a 4 -> 2 resize); status counts the resize in worker pods, so
+    # the trainer's record of a pod leaving enriches the operator's 2 -> 1 instead of standing beside it.
+    two = spec(trainer={"image": "trainer:1", "resources": {"gpu": 0}, "procsPerWorker": 2})
+    at = NOW + timedelta(seconds=5)
+    leave = {"time": at.isoformat(), "from": 4, "to": 2, "reason": "scale-down", "pauseSeconds": 0.4}
+    progress = {"step": 20, "worldSize": 2, "perRankBatch": 32, "perWorkerBatch": 64, "resizes": [leave]}
+    ours = status(resizeHistory=[_ev(4, 2, 1, "SpotInterruption").to_dict()])
+    st = plan(job(two, st=ours), observe(cluster(), [worker(0, "spot-0"), store()], progress=progress)).status
+    assert (st.world_size, st.per_rank_batch, st.per_worker_batch) == (2, 32, 64)
+    resizes = [(e.from_, e.to, e.reason, e.pause_seconds) for e in st.resize_history]
+    assert (2, 1, "SpotInterruption", 0.4) in resizes and not [r for r in resizes if r[0] == 4], resizes
 
 
 def test_unmatched_trainer_resize_is_appended_in_time_order() -> None:

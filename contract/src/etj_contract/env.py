@@ -74,10 +74,22 @@ WORKER_ID = _var("WORKER_ID", str, "stable worker identity (the pod name)", set_
 RDZV_ENDPOINT = _var("RDZV_ENDPOINT", str, "host:port of the job's rendezvous store (a TCPStore)", set_by=OP)
 RDZV_ID = _var("RDZV_ID", str, "rendezvous run id (the job's uid)", set_by=OP)
 MIN_WORKERS = _var(
-    "MIN_WORKERS", int, "spec.replicas.min (torchrun --nnodes=MIN:)", field="min_workers", set_by=OP
+    "MIN_WORKERS",
+    int,
+    "spec.replicas.min, in pods (torchrun --nnodes=MIN:); the minimum in ranks is this x NPROC_PER_WORKER",
+    field="min_workers",
+    set_by=OP,
 )
 MAX_WORKERS = _var(
-    "MAX_WORKERS", int, "spec.replicas.max (torchrun --nnodes=:MAX)", field="max_workers", set_by=OP
+    "MAX_WORKERS", int, "spec.replicas.max, in pods (torchrun --nnodes=:MAX)", field="max_workers", set_by=OP
+)
+NPROC_PER_WORKER = _var(
+    "NPROC_PER_WORKER",
+    int,
+    "training processes (ranks) per worker pod: spec.trainer.procsPerWorker (default: GPUs, else 1); "
+    "torchrun --nproc-per-node",
+    field="procs_per_worker",
+    set_by=OP,
 )
 STARTUP_WORKERS = _var(
     "STARTUP_WORKERS",
@@ -86,9 +98,13 @@ STARTUP_WORKERS = _var(
     " before its first rendezvous, so the first world forms at that size, not 0->2->4",
     set_by=OP,
 )
-NPROC_PER_WORKER = _var("NPROC_PER_WORKER", int, "processes per worker pod (GPUs, or 1 on CPU)", set_by=OP)
 GLOBAL_BATCH_SIZE = _var(
-    "GLOBAL_BATCH_SIZE", int, "samples per optimizer step", field="global_batch_size", flag=True, set_by=OP
+    "GLOBAL_BATCH_SIZE",
+    int,
+    "samples per optimizer step: always (FixedGlobalBatch), or at the minimum in ranks (DynamicSGD)",
+    field="global_batch_size",
+    flag=True,
+    set_by=OP,
 )
 MICRO_BATCH_SIZE = _var(
     "MICRO_BATCH_SIZE",
@@ -125,6 +141,12 @@ CHECKPOINT_INTERVAL_STEPS = _var(
 PROGRESS_URL = _var(
     "PROGRESS_URL", str, "where rank 0 POSTs progress (the rendezvous pod)", field="progress_url", set_by=OP
 )
+# The only operator variable that is not a literal: the pod reads it from the job's Secret (secretKeyRef),
+# so the token never appears in a pod spec. The store requires it on /progress (etj_contract.progress).
+PROGRESS_TOKEN = _var(
+    "PROGRESS_TOKEN", str, "the job's secret for the progress endpoint (from the Secret <job>-etj-token)",
+    set_by=OP,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

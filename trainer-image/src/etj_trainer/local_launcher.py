@@ -1,9 +1,11 @@
 """``etj-train local``: elasticity on a laptop.
 
 Starts ``etj-train store`` and N ``etj-train worker`` agents on loopback (exactly what the operator starts
-as pods), then follows the progress channel and changes membership at given steps. Schedule syntax, comma
-separated ``STEP:ACTION``: ``+K`` start K agents, ``-K`` SIGTERM the K newest agents (a graceful spot
-notice), ``!K`` SIGKILL them (a hard loss). Example: ``--nodes 2 --schedule 20:+1,40:-2,60:+1``.
+as pods), each running ``--procs-per-node`` training processes (ranks; a pod's ``procsPerWorker``), then
+follows the progress channel and changes membership at given steps. Schedule syntax, comma separated
+``STEP:ACTION``, counted in nodes (all of a node's ranks come and go together): ``+K`` start K agents,
+``-K`` SIGTERM the K newest agents (a graceful spot notice), ``!K`` SIGKILL them and everything they
+started (a hard loss). Example: ``--nodes 2 --procs-per-node 2 --schedule 20:+1,40:-2,60:+1``.
 """
 
 from __future__ import annotations
@@ -135,9 +137,11 @@ def run_local(
     train_env: dict[str, str],
     log_dir: Path,
     timeout_s: float = 900,
+    procs_per_node: int = 1,
     stagger_s: float = 0.0,
 ) -> dict[str, object]:
-    """Run a job; returns the last progress document (plus the applied events).
+    """Run a job of ``nodes`` agents x ``procs_per_node`` ranks; returns the last progress document (plus
+    the applied events and the agents' exit codes).
 
     ``stagger_s``: seconds between the initial nodes' starts (pods that are scheduled apart).
     """
@@ -147,7 +151,7 @@ def run_local(
         **os.environ,
         etj_env.JOB_NAME.name: "local",
         etj_env.RDZV_ID.name: run_id,
-        etj_env.NPROC_PER_WORKER.name: "1",
+        etj_env.NPROC_PER_WORKER.name: str(procs_per_node),
         etj_env.MIN_WORKERS.name: "1",
         etj_env.MAX_WORKERS.name: str(max(nodes, 1)),
         etj_env.STARTUP_WORKERS.name: str(nodes),  # the first world forms with all of them (startup.py)
@@ -183,7 +187,7 @@ def run_local(
     return {**last, "agentExitCodes": codes, "events": cluster.events}
 
 
-def main(nodes: int, schedule: str, train_env: dict[str, str], log_dir: Path) -> int:
-    result = run_local(nodes, parse_schedule(schedule), train_env, log_dir)
+def main(nodes: int, schedule: str, train_env: dict[str, str], log_dir: Path, procs_per_node: int = 1) -> int:
+    result = run_local(nodes, parse_schedule(schedule), train_env, log_dir, procs_per_node=procs_per_node)
     print(json.dumps(result, indent=2))
     return 0 if result.get("finished") else 1

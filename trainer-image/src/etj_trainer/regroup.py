@@ -50,8 +50,29 @@ class Regroup:
         return f"{'in place' if self.in_process else 'restart the world'} ({self.reason})"
 
 
-def decide(codes: list[int], min_ranks: int, enabled: bool) -> Regroup:
-    """What the world does after a step in which some ranks asked to stop (``codes[r]`` per old rank)."""
+def whole_nodes(codes: list[int], procs_per_node: int) -> list[int]:
+    """A pod leaves with all its ranks: LEAVING from any rank of a node applies to the node's every rank.
+
+    The agent signals its workers one after another, so a step boundary can fall between two of them; going
+    by the first one keeps a leaving pod's other ranks out of the survivors' world. torch elastic numbers a
+    node's ranks consecutively (``procs_per_node`` each) and survivors keep their order, so node = rank //
+    procs_per_node in every world the job forms.
+    """
+    if procs_per_node <= 1:
+        return list(codes)
+    leaving = {r // procs_per_node for r, c in enumerate(codes) if c == StopCode.LEAVING}
+    return [
+        int(StopCode.LEAVING) if c == StopCode.RUN and r // procs_per_node in leaving else c
+        for r, c in enumerate(codes)
+    ]
+
+
+def decide(codes: list[int], min_ranks: int, enabled: bool, procs_per_node: int = 1) -> Regroup:
+    """What the world does after a step in which some ranks asked to stop (``codes[r]`` per old rank).
+
+    ``min_ranks`` is the job's minimum in ranks (replicas.min x processes per pod).
+    """
+    codes = whole_nodes(codes, procs_per_node)
     survivors = tuple(r for r, c in enumerate(codes) if c in (StopCode.RUN, StopCode.ADMIT))
     if not enabled:
         return Regroup(survivors, False, "in-process resize disabled (no etj agent or external store)")

@@ -344,7 +344,9 @@ def _run_membership(
         )
         loop.states_agree = False
     policy = ResizePolicy(cfg.resize_policy)
-    plan = loop.plan = plan_step(policy, cfg.global_batch_size, cfg.micro_batch_size, w.size, cfg.min_workers)
+    plan = loop.plan = plan_step(
+        policy, cfg.global_batch_size, cfg.micro_batch_size, w.size, cfg.min_ranks, cfg.procs_per_worker
+    )
     if policy == ResizePolicy.DYNAMIC_SGD:
         st.opt.set_target(plan.lr_target)  # ramps from the multiplier in force (restored) to this world's
     samples_log = SampleLog(cfg.sample_log_dir, w.rank, loop.inc) if cfg.sample_log_dir else None
@@ -493,7 +495,7 @@ def _after_step(
     regroup_to = None
     if stop_now:
         decision = regroup.decide(
-            codes, cfg.min_workers * w.local_size, w.dist_on and regroup.enabled_from_env()
+            codes, cfg.min_ranks, w.dist_on and regroup.enabled_from_env(), procs_per_node=w.local_size
         )
         loop.survivors_go_on = decision.in_process
         if w.rank == 0:
@@ -677,6 +679,7 @@ def _progress(st: State, w: World, loop: Loop) -> dict[str, Any]:
         samples_per_second=round(loop.rate, 2),
         loss=loop.loss if math.isfinite(loop.loss) else None,
         world_size=w.size,
+        per_rank_batch=plan.per_rank_batch,
         per_worker_batch=plan.per_worker_batch,
         accumulation_steps=plan.accumulation_steps,
         lr_multiplier=st.opt.lr_multiplier,

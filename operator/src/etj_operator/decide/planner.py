@@ -25,6 +25,7 @@ from etj_operator.decide.workload import capacity_tolerations
 from etj_operator.observe.nodes import NodeInfo, fits
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import INTERRUPTIONS, Reason, Signal
+from etj_operator.quantity import MILLI_RESOURCES, parse_milli
 
 # A pod bound to a node the index has never seen is only "on a deleted node" after this long: watches
 # of different resources are not ordered, so a fresh node may reach us after the pod bound to it.
@@ -37,6 +38,10 @@ NOT_READY_GRACE = timedelta(seconds=60)
 # (reconciler.py). Until that report is in status the store is kept and the job is not Succeeded, for at most
 # this long: the accuracy and last resizes live in that report only.
 FINAL_REPORT_GRACE = timedelta(seconds=FINAL_REPORT_DEADLINE_S + 30)
+# Signals that drain workers but leave the store where it is: a cordon alone is often undone, and a drain
+# that follows it is held by the store's PodDisruptionBudget (dataplane.store_disruption_budget); a
+# rebalance recommendation is a hint. The store moves on notices that its node will go away.
+STORE_STAYS_ON = frozenset({Reason.NODE_CORDONED, Reason.REBALANCE_RECOMMENDATION})
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,11 @@ class Observed:
     # How long to wait for the final report once workers exited 0; zero when the operator does not read
     # progress at all (--progress-seconds 0): no report can come.
     final_report_grace: timedelta = FINAL_REPORT_GRACE
+    # The apiserver's message refusing the last pod create (quota, admission), while creates keep failing.
+    create_rejection: str | None = None
+    # Whether the operator reads the trainer's progress at all (--progress-seconds > 0): the Progressing
+    # condition can only be judged from it.
+    progress_tracked: bool = True
 
 
 @dataclass
@@ -143,6 +153,7 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
         *(t.to_dict() for t in spec.placement.tolerations),
     ]
     cutoff = obs.now - timedelta(seconds=spec.scaling.scale_up_delay_seconds)
+    demand = worker_demand(spec)
     total = settled = 0
     young: datetime | None = None
     for node in obs.nodes.values():
@@ -153,11 +164,7 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
             continue
         if not fits(node, capacity_types=allowed, node_selector=selector, tolerations=tolerations):
             continue
-        if res.gpu == 0:
-            room = spec.replicas.max  # CPU workers: the scheduler decides; count the node as roomy
-        else:
-            used = obs.node_usage.get(node.name, {}).get(res.gpu_resource_name, 0)
-            room = max(0, node.gpus(res.gpu_resource_name) - used) // res.gpu
+        room = _room(node, demand, obs.node_usage.get(node.name, {}), spec.replicas.max)
         if not room:
             continue
         total += room
@@ -166,6 +173,32 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
         else:
             settled += room
     return FreeCapacity(total, settled, young)
+
+
+def worker_demand(spec: ElasticTrainingJobSpec) -> dict[str, int]:
+    """What one worker pod requests, in NodeInfo.allocatable's units (GPUs whole, cpu/memory in milli)."""
+    res = spec.trainer.resources
+    demand = {res.gpu_resource_name: res.gpu} if res.gpu else {}
+    for key, raw in (("cpu", res.cpu), ("memory", res.memory)):
+        amount = parse_milli(raw) if raw is not None else None
+        if amount:
+            demand[key] = amount
+    return demand
+
+
+def _room(node: NodeInfo, demand: Mapping[str, int], used: Mapping[str, int], most: int) -> int:
+    """How many more workers fit on ``node`` by every resource a worker requests (at most ``most``).
+
+    A node that does not report cpu or memory at all is not limited by it (it cannot be judged); one that
+    lacks a requested extended resource has no room.
+    """
+    room = most
+    for key, need in demand.items():
+        if key not in node.allocatable and key in MILLI_RESOURCES:
+            continue
+        free = max(0, node.allocatable.get(key, 0) - used.get(key, 0))
+        room = min(room, free // need)
+    return room
 
 
 def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:
@@ -222,6 +255,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         if sig is None:
             out.new_failures += 1
             reason, msg = Reason.WORKER_FAILED, f"worker {pod.name} failed (exit code {pod.exit_code})"
+            if pod.last_line:
+                msg += f": {pod.last_line}"  # the trainer's last log line names the cause
         else:
             # The node went away under it: an interruption, not a crash of the trainer.
             reason, msg = sig.reason, f"worker {pod.name} stopped: {sig.message}"
@@ -231,7 +266,7 @@ def plan(job: JobView, obs: Observed) -> Plan:
     failures += out.new_failures
 
     # 3. Terminal states and suspension: which of them applies, and the workers they stop.
-    finish = _finish(workers, active, obs)
+    finish = _finish(workers, obs)
     if finish.awaiting_report:
         out.requeue(1.0)  # the reconciler re-reads the store each time round
     succeeded = finish.done
@@ -291,6 +326,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         out.ensure_service = True
         for pod in live_rdzv:
             sig = interruption_of(pod, obs)
+            if sig is not None and sig.reason in STORE_STAYS_ON:
+                sig = None  # moving the store costs the rendezvous; only a real notice justifies it
             if sig is not None or pod.phase in ("Failed", "Succeeded"):
                 why = sig.reason if sig else Reason.WORKER_FAILED
                 out.drains.append(
@@ -329,7 +366,10 @@ def plan(job: JobView, obs: Observed) -> Plan:
         progress_time=obs.progress_time,
         trainer_image=out.trainer_image,
         usage_namespaces=obs.usage_namespaces,
+        create_rejection=obs.create_rejection,
+        progress_tracked=obs.progress_tracked,
     )
+    # The Progressing deadline needs no timer of its own: the resync (--resync-seconds) re-plans anyway.
     out.status, out.events = build_status(inputs)
     if finish.report_missing and prev.phase != Phase.SUCCEEDED:
         out.events.append(KubeEvent("Warning", FINAL_REPORT_MISSING, finish.report_missing))
@@ -352,18 +392,19 @@ class _Finish:
     report_missing: str = ""  # done without the final report: the Warning's message
 
 
-def _finish(workers: Sequence[PodInfo], active: Sequence[PodInfo], obs: Observed) -> _Finish:
+def _finish(workers: Sequence[PodInfo], obs: Observed) -> _Finish:
     """Has training finished, and has its final report (accuracy, last resizes) been read?
 
-    A worker that exited 0 by itself (not one we are deleting) means training finished. Rank 0 posts the
+    Only a worker that exited 0 by itself (not one we are deleting) finishes the job. Rank 0 posts the
     final report before any worker can exit, so it is normally in the store by then: the job is Succeeded
     once that report is read, or after ``obs.final_report_grace`` without it (with a Warning).
     """
     reported = bool(obs.progress and obs.progress.get("finished"))
     exited = [p for p in workers if p.exited_ok]
     if not exited:
-        # Every worker gone after a finished report (pods deleted before we saw them exit) is done too.
-        return _Finish(done=reported and not any(p.running for p in active))
+        # A report alone never finishes the job: it is only as trustworthy as whoever reached the store
+        # (docs/operator.md, "Threat model"); a worker the operator started must exit 0 as well.
+        return _Finish()
     if reported or obs.final_report_grace <= timedelta(0):
         return _Finish(done=True)
     since = min((p.finished_at for p in exited if p.finished_at is not None), default=None)

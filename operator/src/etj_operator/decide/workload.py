@@ -39,6 +39,11 @@ from etj_operator.observe.nodes import CAPACITY_LABELS, SPOT_TAINT_TOLERATIONS
 # the operator's --worker-grace-seconds flag changes it.
 DEFAULT_WORKER_GRACE_SECONDS = 90
 RENDEZVOUS_GRACE_SECONDS = 10
+# The store pod's requests and limits (equal: Guaranteed QoS). The TCPStore and the progress document
+# are small; the cpu is for bursts of keep-alives from large jobs.
+STORE_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
+# Karpenter leaves a node alone while it runs a pod with this annotation (consolidation, drift).
+STORE_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true"}
 NONROOT_UID = 1000
 
 
@@ -52,6 +57,22 @@ def rendezvous_name(job: str) -> str:
 
 def rendezvous_host(job: str, namespace: str) -> str:
     return f"{rendezvous_name(job)}.{namespace}.svc"
+
+
+def token_secret_name(job: str) -> str:
+    return f"{job}-etj-token"
+
+
+# The key of the job's Secret that holds the progress token.
+TOKEN_KEY = "token"
+
+
+def token_env(job: str) -> dict[str, Any]:
+    """ETJ_PROGRESS_TOKEN read from the job's Secret: pods name the Secret, never the value."""
+    return {
+        "name": etj_env.PROGRESS_TOKEN.name,
+        "valueFrom": {"secretKeyRef": {"name": token_secret_name(job), "key": TOKEN_KEY}},
+    }
 
 
 def worker_selector(job: str) -> str:
@@ -68,6 +89,17 @@ def owner_reference(job: str, uid: str) -> dict[str, Any]:
         "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
+    }
+
+
+def owned_metadata(name: str, *, job: str, namespace: str, uid: str, role: str) -> dict[str, Any]:
+    """Metadata of an object the job owns besides its pods (Service, Secret, policies): its labels, and
+    the owner reference through which the garbage collector removes it with the job."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(job, role),
+        "ownerReferences": [owner_reference(job, uid)],
     }
 
 
@@ -220,7 +252,10 @@ def worker_env(
         **recipe_env(training),
     }
     # Every variable the contract says the operator sets, in its order (a KeyError here: one is missing).
-    env: list[dict[str, Any]] = [{"name": v.name, "value": str(values[v])} for v in etj_env.OPERATOR_SET]
+    env: list[dict[str, Any]] = [
+        token_env(job) if v is etj_env.PROGRESS_TOKEN else {"name": v.name, "value": str(values[v])}
+        for v in etj_env.OPERATOR_SET
+    ]
     # The root filesystem is read-only: caches go to the /tmp emptyDir.
     env.append({"name": "HOME", "value": "/tmp"})
     env += [e.to_dict() for e in spec.trainer.env]
@@ -259,14 +294,22 @@ def _image(spec: ElasticTrainingJobSpec, image: str | None) -> str:
 
 
 def _pod(
-    name: str, namespace: str, pod_labels: dict[str, str], owner: dict[str, Any], spec: dict[str, Any]
+    name: str,
+    namespace: str,
+    pod_labels: dict[str, str],
+    owner: dict[str, Any],
+    spec: dict[str, Any],
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": pod_labels, "ownerReferences": [owner]},
-        "spec": spec,
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": pod_labels,
+        "ownerReferences": [owner],
     }
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def _worker_storage(spec: ElasticTrainingJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -335,6 +378,9 @@ def worker_pod(
         "resources": _resources(spec),
         "securityContext": _restricted_container(),
         "volumeMounts": mounts,
+        # A failed trainer's last log lines become the pod's termination message: the WorkerFailed Event
+        # quotes the last one, so the cause (a bad data path, a bad value) is in `kubectl describe`.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_labels = {**labels(job, ROLE_WORKER), LABEL_SLOT: str(slot)}
     pod_spec: dict[str, Any] = {
@@ -388,8 +434,10 @@ def rendezvous_pod(
             {"name": etj_env.NAMESPACE.name, "value": namespace},
             {"name": "HOME", "value": "/tmp"},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            token_env(job),
         ],
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        # requests == limits: Guaranteed QoS, the last class the kubelet evicts under node pressure.
+        "resources": {"requests": dict(STORE_RESOURCES), "limits": dict(STORE_RESOURCES)},
         "readinessProbe": {"tcpSocket": {"port": RDZV_PORT}, "periodSeconds": 2},
         "securityContext": _restricted_container(),
         "volumeMounts": [{"name": "etj-tmp", "mountPath": "/tmp"}],
@@ -407,11 +455,14 @@ def rendezvous_pod(
     }
     if rdzv.node_selector:
         pod_spec["nodeSelector"] = dict(rdzv.node_selector)
+    if rdzv.priority_class_name:
+        pod_spec["priorityClassName"] = rdzv.priority_class_name
     affinity = capacity_affinity(rdzv.capacity_types)
     if affinity:
         pod_spec["affinity"] = affinity
     pod_labels = labels(job, ROLE_RENDEZVOUS)
-    return _pod(rendezvous_name(job), namespace, pod_labels, owner_reference(job, uid), pod_spec)
+    owner = owner_reference(job, uid)
+    return _pod(rendezvous_name(job), namespace, pod_labels, owner, pod_spec, dict(STORE_ANNOTATIONS))
 
 
 def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
@@ -419,12 +470,9 @@ def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": rendezvous_name(job),
-            "namespace": namespace,
-            "labels": labels(job, ROLE_RENDEZVOUS),
-            "ownerReferences": [owner_reference(job, uid)],
-        },
+        "metadata": owned_metadata(
+            rendezvous_name(job), job=job, namespace=namespace, uid=uid, role=ROLE_RENDEZVOUS
+        ),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
