@@ -80,7 +80,7 @@ def test_the_first_round_waits_for_every_warm_agent_then_the_job_minimum_is_back
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     cfg = AgentConfig(endpoint=f"127.0.0.1:{store.port}", run_id="t2", min_nodes=1, max_nodes=4)
-    handler = make_rendezvous_handler(cfg)
+    handler, _ = make_rendezvous_handler(cfg)
     restored = threading.Event()
     first_round_min_nodes(handler, 3, cfg.min_nodes, bound_s=0.05)
     assert handler.settings.min_nodes == 3

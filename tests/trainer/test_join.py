@@ -1,5 +1,5 @@
-"""In-place join (join.py), the start-up gate (agent.py) and the state transfer (state_sync.py): decision
-tables, and a real tensor-by-tensor transfer between two gloo processes."""
+"""In-place join (join.py) and the state transfer (state_sync.py): decision tables, and a real
+tensor-by-tensor transfer between two gloo processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from etj_trainer.agent import start_wait_over
 from etj_trainer.join import plan_admission
 from etj_trainer.state_sync import broadcast_state, buckets
 
@@ -27,21 +26,6 @@ ADMISSIONS = {
 def test_plan_admission(case: str) -> None:
     waiting, world, max_ranks, expected = ADMISSIONS[case]
     assert plan_admission(waiting, world, max_ranks) == expected
-
-
-START = {
-    # arrived, ready, formed, waited, bound -> may join the rendezvous
-    "every started agent warm": (3, 3, False, 0.5, 30.0, True),
-    "one still warming up: wait": (3, 2, False, 0.5, 30.0, False),
-    "the world formed already (a joiner): go": (4, 1, True, 0.0, 30.0, True),
-    "an agent that never warms up is not waited for forever": (3, 2, False, 30.0, 30.0, True),
-}
-
-
-@pytest.mark.parametrize("case", list(START), ids=list(START))
-def test_start_wait_over(case: str) -> None:
-    arrived, ready, formed, waited, bound, expected = START[case]
-    assert start_wait_over(arrived, ready, formed, waited, bound) is expected
 
 
 F32, F64 = torch.float32, torch.float64

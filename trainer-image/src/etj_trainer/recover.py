@@ -172,6 +172,11 @@ class Heartbeat:
 def recover_world(membership: str, old_rank: int, old_size: int, min_ranks: int) -> Recovery:
     """Agree on the survivors of ``membership`` and re-form the default group among them."""
     t0 = time.monotonic()
+    if dist.is_initialized():
+        # First of all: close our connections, so a survivor still blocked on us in the failed collective
+        # fails now, not at its collective timeout (seen: a survivor waiting on a peer that had already
+        # left the collective to recover registered 80 s late and was left out).
+        dist.destroy_process_group()
     store = _client()
     prefix = f"etj-recover/{membership}"
     store.set(f"{prefix}/alive/{old_rank}", "1")

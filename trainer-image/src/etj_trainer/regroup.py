@@ -133,7 +133,7 @@ def reform(key: str, new_rank: int, new_world: int) -> None:
     if dist.is_initialized():
         backend = str(dist.get_backend())
         dist.destroy_process_group()
-    else:  # a joiner: its first group
+    else:  # a joiner (its first group), or a crash survivor (recover.py closed the failed group already)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
     dist.init_process_group(

@@ -205,6 +205,7 @@ class Loop:
     door: join.Door | None = None  # rank 0: admits joiners at a step boundary
     watch: recover.Heartbeat | None = None  # this rank's heartbeat (in-place crash recovery)
     last_failed_step: int | None = None  # the committed step at the last in-place crash recovery
+    states_agree: bool = False  # every rank of the new membership holds the same state (in-process resize)
 
 
 def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
@@ -335,8 +336,13 @@ def _run_membership(
     ddp: nn.Module = st.model
     if w.dist_on:
         ddp = nn.parallel.DistributedDataParallel(
-            st.model, device_ids=[w.local_rank] if w.device.type == "cuda" else None
+            st.model,
+            device_ids=[w.local_rank] if w.device.type == "cuda" else None,
+            # after an in-process resize every rank holds the same state already (the joiners got it from
+            # rank 0): DDP's own broadcast of the whole model would only repeat that transfer
+            init_sync=not loop.states_agree,
         )
+        loop.states_agree = False
     policy = ResizePolicy(cfg.resize_policy)
     plan = loop.plan = plan_step(
         policy, cfg.global_batch_size, cfg.micro_batch_size, w.size, cfg.min_ranks, cfg.procs_per_worker
@@ -570,6 +576,7 @@ def _regroup(
     )
     loop.inc = _incarnation(True)
     loop.survivors_go_on = False  # every rank of the old group that goes on is in the new one
+    loop.states_agree = True
     if loop.watch is None:
         loop.watch = recover.watch(regroup.enabled_from_env(), loop.inc, new.rank)  # a joiner's first world
     else:
