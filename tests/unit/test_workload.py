@@ -238,6 +238,8 @@ def test_store_disruption_budget_admits_no_eviction_of_the_store_only() -> None:
         "selector": {"matchLabels": {"etj.dev/job": "j", "etj.dev/role": "rendezvous"}},
     }
     assert pdb["metadata"]["ownerReferences"][0]["uid"] == "u"
+
+
 @pytest.mark.parametrize(
     ("pod", "index"),
     [

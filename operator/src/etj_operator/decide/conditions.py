@@ -178,6 +178,8 @@ def _progressing(f: JobFacts) -> Verdict:
             message += f"; the trainer's last error: {f.last_error}"
         return False, ConditionReason.PROGRESS_DEADLINE_EXCEEDED, message
     return True, ConditionReason.STEP_ADVANCING, at
+
+
 def _checkpoint_volatile(f: JobFacts) -> Verdict:
     if f.checkpoint_uri is not None:
         return False, ConditionReason.CHECKPOINT_OBJECT_STORE, f"checkpoints go to {f.checkpoint_uri}"
