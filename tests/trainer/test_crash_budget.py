@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from etj_contract.progress import MAX_ERROR_CHARS
 from etj_trainer.crash_budget import EXIT_RESIZE, CrashCount, Progress, after_failure, error_line
 
 
@@ -94,4 +95,4 @@ def test_error_line(message: object, worker: str, line: str) -> None:
 
 
 def test_error_line_is_bounded() -> None:
-    assert len(error_line("E" * 5000)) == 500
+    assert len(error_line("E" * 5000)) == MAX_ERROR_CHARS

@@ -134,6 +134,24 @@ def _assert_matches_one_process(env: dict[str, str], tmp_path: Path) -> None:
     assert rel <= 1e-9, f"max relative difference {rel:.3e}"
 
 
+@pytest.mark.slow
+def test_a_join_while_the_world_restarts_below_its_minimum_takes_the_rendezvous(tmp_path: Path) -> None:
+    # regression (the replay bed's ckpt_restart arm, replicas 2..2): the leave left 1 rank < minimum 2, the
+    # world stopped to restart through the rendezvous, and the replacement found the in-place door still
+    # open -- it queued to be admitted by a world that no longer ran, while the survivor waited for it in
+    # the rendezvous: the job stood still
+    samples = tmp_path / "samples"
+    env = {**_tiny_job(samples, epochs=2, min_step_seconds=0.1), "ETJ_MIN_WORKERS": "2"}
+    result = run_local(2, parse_schedule("10:-1,10:+1"), env, tmp_path / "logs", timeout_s=600)
+    assert result.get("finished") is True, result
+    logs = {f.name: f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log")}
+    assert "restart the world (1 surviving ranks < minimum 2)" in "".join(logs.values())
+    # the joiner took the rendezvous: it found the door shut, or saw it shut while it queued
+    joiner = logs["worker-2.log"]
+    assert "asking to be admitted" not in joiner or "not admitted: the door shut" in joiner, joiner
+    _assert_exactly_once(samples, epochs=2)
+
+
 def _tiny_job(samples: Path, epochs: int, min_step_seconds: float) -> dict[str, str]:
     """A 2-node digits job small enough for the suite, logging which samples each step used."""
     return {

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -124,8 +125,14 @@ class Door:
     def pending(self) -> bool:
         return self.waiting > self.admitted
 
-    def close(self) -> None:
+    def close(self, shut: bool = False) -> None:
+        """Stop watching; ``shut``: no world of this job runs any more (it finished, or restarts through the
+        rendezvous), so new agents must take the rendezvous and queued joiners withdraw -- an open door
+        with nobody behind it held a below-minimum restart forever (the replay bed's ckpt_restart arm)."""
         self._stop.set()
+        if shut:
+            with contextlib.suppress(Exception):
+                self.store.delete_key(f"{self.prefix}/open")
 
     def admit(self, membership: str, step: int, world: int, max_ranks: int) -> Admission:
         """Admit who may come (rank 0, at the boundary every rank agreed on); publishes the admission."""
@@ -174,10 +181,15 @@ def ask(wait_s: float = JOIN_WAIT_S) -> Ticket | None:
     i = int(store.add(f"{prefix}/n", 1)) - 1
     store.set(f"{prefix}/waiting/{i}", jid)
     tk = f"{prefix}/ticket/{jid}"
-    with contextlib.suppress(Exception):  # a timeout: withdraw below (unless the ticket came meanwhile)
-        store.wait([tk], timedelta(seconds=wait_s))
+    deadline = time.monotonic() + wait_s
+    # Polled, not one long store.wait: the door may shut meanwhile (the world stopped), and a long wait
+    # that times out can leave the connection unusable for the withdrawal below.
+    while not store.check([tk]) and store.check([f"{prefix}/open"]) and time.monotonic() < deadline:
+        time.sleep(POLL_S * 10)
     got = store.compare_set(tk, "", WITHDRAWN).decode()
     if got == WITHDRAWN:
+        why = "the door shut (the world stopped)" if time.monotonic() < deadline else f"{wait_s:.0f} s passed"
+        print(f"etj: not admitted: {why}; withdrawing", flush=True)
         return None
     t = json.loads(got)
     store.wait([f"{prefix}/size/{t['key']}"])

@@ -615,9 +615,10 @@ def _finish(
             result = {"step": st.step, "loss": loop.loss, "accuracy": accuracy, "worldSize": w.size}
             print("ETJ_RESULT " + json.dumps(result), flush=True)
     loop.reporter.close()
-    for closing in (loop.watch, loop.door):
-        if closing is not None:
-            closing.close()
+    if loop.watch is not None:
+        loop.watch.close()
+    if loop.door is not None:
+        loop.door.close(shut=not loop.survivors_go_on)  # survivors going on in place keep admitting
     train_src.close()
     if w.dist_on and not loop.survivors_go_on:
         dist.barrier()  # the survivors of an in-process resize have left this group already
