@@ -4,6 +4,10 @@ One asyncio task per job serializes that job's reconciles (no two plans for one 
 is woken ("kicked") by node, pod and job events; its wait timeout is the job's resync timer. The
 indices can lag behind our own writes, so the loop keeps short-lived expectations of the pods it just
 created or deleted, the way controller-runtime does, and never plans from a view missing its own pods.
+
+Why one module over ~400 lines: the job's runner (gather, apply: creates with their refusals, drains,
+status) shares its expectations and kick state across those steps; the next cut is the apply half
+(creates, drains) into its own module once the data-plane objects (issue 15) settle.
 """
 
 from __future__ import annotations
