@@ -446,16 +446,17 @@ def run_agent(cfg: AgentConfig) -> int:
                 f" after {wait.waited_s:.2f} s",
                 flush=True,
             )
-            if wait.complete and not door_open(cfg.endpoint, cfg.run_id):
-                # The first round also waits for all of them (bounded), not the last call only: on a busy
-                # node an agent that has arrived can take longer than the last call to join the round.
-                first_round_min_nodes(
-                    first, min(cfg.startup_workers, cfg.max_nodes), cfg.min_nodes, cfg.startup_wait_s
-                )
-        if door_open(cfg.endpoint, cfg.run_id):  # a running world admits joiners at a step boundary
+        # Read once (each read is a store connection): a running world admits joiners at a step boundary.
+        if door_open(cfg.endpoint, cfg.run_id):
             rc = run_joiners(cfg)
             if rc is not None:
                 return rc
+        elif cfg.startup_workers > 1 and wait.complete:
+            # The first round also waits for all of them (bounded), not the last call only: on a busy
+            # node an agent that has arrived can take longer than the last call to join the round.
+            first_round_min_nodes(
+                first, min(cfg.startup_workers, cfg.max_nodes), cfg.min_nodes, cfg.startup_wait_s
+            )
     else:
         first = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
     # Store loss is waited out, never an agent failure (store_link.py): later handlers are built the same way.
