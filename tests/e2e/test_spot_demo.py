@@ -70,7 +70,10 @@ def test_interruption_and_scale_up_are_recorded_with_reasons_and_pauses(
     elastic, _ = runs
     assert [what for _, what in elastic.events if "interruption" in what], elastic.events
     history = _status(elastic).get("resizeHistory") or []
-    # Not the start-up ramp (0→1→…) nor the finish (n→0): a scale-in while training, then a scale-up.
+    # Pods starting before the first world (0→1→3→4) and exiting after the finish (n→0) are not resizes:
+    # the timeline shows only the world's own changes (issue 16).
+    assert all(r["from"] > 0 and r["to"] > 0 for r in history), history
+    # A scale-in while training, then a scale-up.
     downs = [i for i, r in enumerate(history) if 0 < r["to"] < r["from"]]
     assert downs, history
     ups = [r for r in history[downs[0] + 1 :] if r["to"] > r["from"] >= 1]

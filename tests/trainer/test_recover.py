@@ -177,3 +177,72 @@ def test_a_killed_rank_is_recovered_in_place_and_matches_a_fixed_run(
     assert {e: sorted(ids) for e, ids in elastic_ids.items()} == {
         e: sorted(ids) for e, ids in consumed_per_epoch(tmp_path / "fixed-log").items()
     }
+
+
+# ---- a survivor that leaves the failed collective lets go of the peers still blocked on it ---------------
+
+
+def _rank(rank: int, port: int) -> None:
+    """Rank 1 fails a step (a peer-loss error inside a frame that holds its DDP wrapper) and closes the
+    failed group, then holds its ``Lost`` for up to 60 s; rank 0 is blocked in an all-reduce with it."""
+    import datetime
+
+    from torch import nn
+
+    from etj_trainer import group_sockets
+    from etj_trainer.recover import Lost, close_failed_group, lost_or_raise
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=90))
+    timeout = datetime.timedelta(seconds=90)
+    group_sockets.init("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=2, timeout=timeout)
+
+    def membership() -> Lost:  # like trainer._run_membership: the DDP wrapper lives in the step's frames
+        ddp = nn.parallel.DistributedDataParallel(nn.Linear(2, 2).double())
+
+        def step() -> None:
+            ddp(torch.zeros(1, 2, dtype=torch.float64))
+            raise RuntimeError(GLOO_RESET)
+
+        try:
+            step()
+        except RuntimeError as e:
+            return lost_or_raise(e, True, None, 5)
+        raise AssertionError("unreachable")
+
+    if rank == 0:
+        nn.parallel.DistributedDataParallel(nn.Linear(2, 2).double())  # its half of DDP's start-up sync
+        try:
+            dist.all_reduce(torch.zeros(4))  # rank 1 never comes: this must fail once rank 1 lets go
+        except RuntimeError:
+            store.set("rank0-failed", "1")
+        return
+    lost = membership()
+    close_failed_group()
+    try:
+        store.wait(["rank0-failed"], datetime.timedelta(seconds=60))
+        store.set("result", "released")
+    except dist.DistStoreError:
+        store.set("result", "rank 0 stayed blocked while rank 1 held its Lost")
+    del lost
+
+
+def test_a_survivor_that_leaves_the_failed_collective_releases_peers_blocked_on_it() -> None:
+    """Seen on a loaded CI machine: rank 1 left a step's collective to recover (a peer was killed) but its
+    failed group's sockets stayed open (a DDP wrapper had used the group; group_sockets.py), so rank 0,
+    blocked on rank 1, failed only 47 s later and was left out of the recovered world (3->1, not 3->2)."""
+    import datetime
+    import multiprocessing
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=120))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_rank, args=(r, master.port)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        master.wait(["result"], datetime.timedelta(seconds=110))
+        assert master.get("result").decode() == "released"
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()

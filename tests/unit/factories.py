@@ -38,7 +38,9 @@ def status(**fields: Any) -> ElasticTrainingJobStatus:
 
 
 def started(current: int, *, desired: int = 4, **fields: Any) -> ElasticTrainingJobStatus:
-    """Status of a job that has been running for a while with ``current`` workers."""
+    """Status of a job that has been running for a while with ``current`` workers (its trainer has
+    reported: the world has formed, so running-count changes are resizes)."""
+    fields.setdefault("progress", {"step": 100})
     return status(
         phase="Running",
         currentReplicas=current,

@@ -233,3 +233,46 @@ def test_one_entry_per_resize_with_both_sides_fields_whatever_the_order(order: s
         history = merge_resizes(history, [])  # a poll that brings nothing new changes nothing
     got = [(e.from_, e.to, e.reason, e.pause_seconds) for e in history if e.to > 0]
     assert got == [(4, 3, "SpotInterruption", 0.16), (3, 4, "CapacityAdded", 1.4)], order
+
+
+# prev status, workers running now, does the operator read progress -> (from, to, reason) recorded, or None
+TIMELINE: dict[str, tuple[Any, int, bool, tuple[int, int, str] | None]] = {
+    "pods starting before the trainer's first report are not resizes (the first world waits for them)": (
+        started(1, progress=None),
+        3,
+        True,
+        None,
+    ),
+    "once the trainer has reported, a pod arriving resizes the world": (
+        started(3),
+        4,
+        True,
+        (3, 4, "CapacityAdded"),
+    ),
+    "pods exiting after the trainer's finished report are not resizes": (
+        started(4, progress={"step": 180}),
+        0,
+        True,
+        None,
+    ),
+    "an operator that does not read progress cannot tell: every change is recorded": (
+        started(1, progress=None),
+        3,
+        False,
+        (1, 3, "CapacityAdded"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(TIMELINE), ids=list(TIMELINE))
+def test_which_running_count_changes_are_resizes(case: str) -> None:
+    prev, running, tracked, expected = TIMELINE[case]
+    progress = {"step": 180, "finished": True} if running == 0 else None
+    out = plan(
+        job(st=prev),
+        observe(cluster(), [*RUNNING[:running], store()], progress_tracked=tracked, progress=progress),
+    )
+    got = [(e.from_, e.to, e.reason) for e in out.status.resize_history]
+    assert got == ([expected] if expected else []), got
+    assert out.status.current_replicas == running
+    assert out.events  # the change is still an Event

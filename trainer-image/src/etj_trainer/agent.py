@@ -214,6 +214,7 @@ def _worker(join_in_place: bool) -> None:
     import torch
     import torch.distributed as dist
 
+    from etj_trainer import group_sockets
     from etj_trainer.config import TrainConfig
     from etj_trainer.regroup import collective_timeout
     from etj_trainer.trainer import EXIT_RESIZE, StopFlag, train
@@ -224,7 +225,7 @@ def _worker(join_in_place: bool) -> None:
     cfg = TrainConfig.from_env()
     if not join_in_place:  # a joiner forms its first group when the world admits it (join.py)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=collective_timeout())
+        group_sockets.init(backend, timeout=collective_timeout())
     result = train(cfg, stop)
     if dist.is_initialized():
         dist.destroy_process_group()

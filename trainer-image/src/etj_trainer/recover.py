@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer import regroup
+from etj_trainer import group_sockets, regroup
 
 log = logging.getLogger(__name__)
 
@@ -169,14 +169,20 @@ class Heartbeat:
                 log.debug("heartbeat: %s", e)
 
 
+def close_failed_group() -> None:
+    """Close this rank's connections of the failed group, so a survivor still blocked on us in the failed
+    collective fails now, not at its collective timeout (seen on a loaded CI machine: rank 0 blocked on
+    rank 1, which had left the collective to recover, for 47 s, and left out of the recovered world:
+    3->1 instead of 3->2). Destroying the group alone does not close them: group_sockets.py says why."""
+    group_sockets.shut()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def recover_world(membership: str, old_rank: int, old_size: int, min_ranks: int) -> Recovery:
     """Agree on the survivors of ``membership`` and re-form the default group among them."""
     t0 = time.monotonic()
-    if dist.is_initialized():
-        # First of all: close our connections, so a survivor still blocked on us in the failed collective
-        # fails now, not at its collective timeout (seen: a survivor waiting on a peer that had already
-        # left the collective to recover registered 80 s late and was left out).
-        dist.destroy_process_group()
+    close_failed_group()
     store = _client()
     prefix = f"etj-recover/{membership}"
     store.set(f"{prefix}/alive/{old_rank}", "1")

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
+from etj_trainer import group_sockets
 
 
 class StopCode(IntEnum):
@@ -136,7 +137,7 @@ def reform(key: str, new_rank: int, new_world: int) -> None:
     else:  # a joiner (its first group), or a crash survivor (recover.py closed the failed group already)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
-    dist.init_process_group(
+    group_sockets.init(
         backend,
         store=dist.PrefixStore(f"etj-regroup/{key}", store),
         rank=new_rank,

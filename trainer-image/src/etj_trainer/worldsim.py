@@ -70,13 +70,14 @@ def _rank_main(
     store: str,
     kill_at: dict[int, int],
 ) -> None:
+    from etj_trainer import group_sockets
     from etj_trainer.trainer import train
 
     os.environ["LOCAL_RANK"] = str(rank)
     if store:
         os.environ["ETJ_RDZV_ENDPOINT"] = store
         os.environ["ETJ_AGENT_STATE_FILE"] = str(Path(out_dir, "agent.state"))  # never "restarting"
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    group_sockets.init("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         stop: StopFlag | None = None
         if rank in leave_at:

@@ -81,6 +81,21 @@ def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
     )  # a worker stopped without anything we saw telling us why (e.g. deleted by hand)
 
 
+def world_running(inp: StatusInputs) -> bool:
+    """Is a training world running, so that a change in running pods resizes it?
+
+    Pods that start before the first world (0->1->3->4 while the first world waits for them, issue 16) are
+    not resizes of anything, nor are pods exiting after the trainer finished: the timeline would show
+    restarts that never happened. The trainer's first progress report is the proof that a world exists,
+    its finished report that it is over; an operator that does not read progress (--progress-seconds 0)
+    cannot tell, and records every change.
+    """
+    if not inp.progress_tracked:
+        return True
+    finished = inp.succeeded or ProgressDoc.from_json(dict(inp.progress or {})).finished
+    return inp.prev.progress is not None and not finished
+
+
 def _phase(inp: StatusInputs, resizing: bool) -> Phase:
     if inp.failed:
         return Phase.FAILED
@@ -293,12 +308,13 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     worker_drains = [d for d in inp.drains if d.role == "worker"]
     if inp.running != prev_running:
         reason = _resize_reason(inp, prev_running)
-        st.resize_history = record_resize(
-            st.resize_history,
-            ResizeEvent.model_validate(
-                {"time": now, "from": prev_running, "to": inp.running, "reason": str(reason)}
-            ),
-        )
+        if world_running(inp):
+            st.resize_history = record_resize(
+                st.resize_history,
+                ResizeEvent.model_validate(
+                    {"time": now, "from": prev_running, "to": inp.running, "reason": str(reason)}
+                ),
+            )
         detail = "; ".join(d.message for d in worker_drains)
         events.append(
             KubeEvent(

@@ -320,8 +320,13 @@ class JobRunner:
         spec_max, current = result.status.desired_replicas or 0, result.status.current_replicas or 0
         METRICS.desired_workers.labels(job.namespace, job.name).set(spec_max)
         METRICS.current_workers.labels(job.namespace, job.name).set(current)
-        if current != (job.status.current_replicas or 0) and result.status.resize_history:
-            METRICS.resizes.labels(job.namespace, job.name, result.status.resize_history[-1].reason).inc()
+        before, after = job.status.resize_history, result.status.resize_history
+        if (
+            current != (job.status.current_replicas or 0)
+            and after
+            and (not before or after[-1] != before[-1])
+        ):
+            METRICS.resizes.labels(job.namespace, job.name, after[-1].reason).inc()
         for event in result.events:
             kopf.event(
                 cast(kopf.Body, self.body), type=event.type, reason=event.reason, message=event.message[:1000]
