@@ -9,8 +9,9 @@ a loaded CI machine: rank 0 stayed blocked on rank 1 for 47 s and was left out o
 
 So the group's sockets are found the plain way: the socket descriptors that ``init_process_group`` opened
 (/proc/self/fd before and after), each with its inode, so a descriptor number reused later by another
-socket is never touched. ``shut`` shuts the connected ones down both ways (the peer reads end-of-file at once; the
-descriptors stay open and are closed by whoever owns them). Linux only; elsewhere it does nothing.
+socket is never touched. ``shut`` shuts the connected ones down both ways (the peer reads end-of-file at
+once; the descriptors stay open and are closed by whoever owns them). Linux only; elsewhere it does
+nothing.
 """
 
 from __future__ import annotations

@@ -165,7 +165,9 @@ class ElasticTrainingJobStatus(StatusModel):
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
     resize_history: Annotated[list[ResizeEvent], Field(max_length=MAX_RESIZE_HISTORY)] = Field(
-        default_factory=list, description=f"The last {MAX_RESIZE_HISTORY} resizes, oldest first."
+        default_factory=list,
+        description=f"The last {MAX_RESIZE_HISTORY} resizes of the running world, oldest first (pods that "
+        "start before the trainer's first report or exit after its finished report are not resizes).",
     )
     last_checkpoint: LastCheckpoint | None = Field(default=None, description="Newest complete checkpoint.")
     failures: int | None = Field(
