@@ -1,5 +1,7 @@
 """Chaos bench: the spot demo's job survives >= 20 random events and still Succeeds with nothing lost.
 
+(Over ~400 lines: one scenario -- the event kinds, their bookkeeping and the bad-data job share its state.)
+
 Reuses `etj_testbed.demo.local.Demo` (local control plane, operator subprocess, process-backed nodes, the CPU
 demo job `examples/demo-cpu.yaml`) with its own scripted interruption switched off, and injects a seeded
 random schedule of events instead, one every 8-15 s and only once the job has made progress since the last
@@ -10,11 +12,22 @@ one:
 - ``node-delete``: a spot node (one hosting a worker if any) is deleted; a fresh spot node comes later;
 - ``spot-interruption``: the AWS NTH taint ``aws-node-termination-handler/spot-itn:NoSchedule`` and a cordon
   on a spot node hosting a worker; the node is deleted once drained (or after the notice), a fresh one later;
-- ``operator-restart``: the operator process is SIGKILLed and a new one started with the same command.
+- ``operator-restart``: the operator process is SIGKILLed and a new one started with the same command;
+- ``store-kill``: the job's rendezvous store pod is force-deleted (SIGKILL, no grace);
+- ``store-node-loss``: the on-demand node hosting the store is deleted (machine gone); a fresh on-demand
+  node comes later;
+- ``od-drain``: ``kubectl drain`` of an on-demand node (maintenance: evictions, the store included, then
+  uncordon once done).
 
-On-demand nodes are never touched, so capacity never drops below ``replicas.min`` (1). At the end: the job
-must be Succeeded, every training sample seen exactly once in every epoch (the trainer's sample log, read
-with `etj_trainer.sample_log.consumed_per_epoch` as the e2e does), and at least ``--events`` events done.
+Besides, a second job (``chaos-bad``) with a bad data path runs beside it from the start: it must end
+Failed (bounded crash loops, then the failure budget) with the trainer's error line in its progress
+document (``lastError``); the times both took are reported.
+
+At least one on-demand node always stays (the store's and the minimum worker's capacity). At the end: the
+job must be Succeeded, every training sample seen exactly once in every epoch (the trainer's sample log, read
+with `etj_trainer.sample_log.consumed_per_epoch` as the e2e does), no failure counted (``status.failures``:
+store events must not count), the bad job Failed with its error reported, and at least ``--events``
+events done.
 Prints one JSON object; exits 1 otherwise. Runs on a private cluster (``ETJ_CLUSTER_NAME=chaos``,
 ``ETJ_CLUSTER_PORT_BASE=18400`` unless set) that is stopped at the end.
 
@@ -39,14 +52,28 @@ from typing import Any
 
 import yaml
 
+from etj_contract.ports import PROGRESS_PORT
 from etj_testbed.demo.local import Demo
-from etj_testbed.demo.script import SPOT_ITN, Script
+from etj_testbed.demo.script import GROUP_PATH, SPOT_ITN, Script
 from etj_testbed.demo.view import logged_accuracy
+from etj_testbed.localcluster import toolchain
+from etj_trainer.progress import get_json
 
 REPO = Path(__file__).resolve().parents[1]
 JSON = dict[str, Any]
-KINDS = ("pod-delete", "pod-kill", "node-delete", "spot-interruption", "operator-restart")
-WEIGHTS = (3, 3, 2, 2, 1)
+KINDS = (
+    "pod-delete",
+    "pod-kill",
+    "node-delete",
+    "spot-interruption",
+    "operator-restart",
+    "store-kill",
+    "store-node-loss",
+    "od-drain",
+)
+WEIGHTS = (3, 3, 2, 2, 1, 2, 1, 1)
+BAD_JOB = "chaos-bad"
+NODE_PREFIX = {"spot": "spot", "on-demand": "od"}  # node names as Demo.start gives them
 NOTICE_S = 60.0  # the interrupted node goes at the latest this long after the notice
 RETURN_S = (8.0, 15.0)  # a fresh spot node this long after one is gone
 
@@ -77,9 +104,11 @@ class ChaosDemo(Demo):
         self.next_at = 0.0
         self.last_progress: tuple[int, int] = (-1, -1)
         self.notices: dict[str, float] = {}  # interrupted node -> monotonic time of the notice
-        self.returns: list[float] = []  # monotonic times at which a fresh spot node is due
-        self.spot_serial = 3
+        self.returns: list[tuple[float, str]] = []  # (monotonic time, capacity type) of a fresh node due
+        self.serial = {"spot": 3, "on-demand": 3}  # the next fresh node's number, per capacity type
+        self.drain: tuple[str, subprocess.Popen[bytes]] | None = None  # node, `kubectl drain` running
         self.operator_restarts = 0
+        self.bad: JSON = {"submitted_at": None, "failed_after_s": None, "error_after_s": None, "error": None}
 
     # ---- the hook ---------------------------------------------------------------------------
 
@@ -101,14 +130,21 @@ class ChaosDemo(Demo):
                 self.kubectl("delete", "node", node, "--wait=false", check=False)
                 self.nodes.remove(node)
                 del self.notices[node]
-                self.returns.append(now + self.chaos.rng.uniform(*RETURN_S))
+                self.returns.append((now + self.chaos.rng.uniform(*RETURN_S), "spot"))
                 self.event(f"{node} terminated ({'after the drain' if drained else 'notice expired'})")
-        for due in [t for t in self.returns if t <= now]:
+        for due in [r for r in self.returns if r[0] <= now]:
             self.returns.remove(due)
-            name = f"{self.instance}-spot-{self.spot_serial}"
-            self.spot_serial += 1
-            self.add_node(name, "spot")
-            self.event(f"spot capacity is back: {name}")
+            capacity = due[1]
+            name = f"{self.instance}-{NODE_PREFIX[capacity]}-{self.serial[capacity]}"
+            self.serial[capacity] += 1
+            self.add_node(name, capacity)
+            self.event(f"{capacity} capacity is back: {name}")
+        if self.drain is not None and self.drain[1].poll() is not None:
+            node, proc = self.drain
+            self.kubectl("uncordon", node, check=False)
+            self.event(f"od-drain of {node} done (kubectl exit {proc.returncode}); uncordoned")
+            self.drain = None
+        self.watch_bad_job()
         if len(self.done) >= len(self.chaos.kinds) or status.get("phase") != "Running":
             return
         here = (progress.get("epoch") or 0, progress.get("step") or 0)
@@ -131,12 +167,75 @@ class ChaosDemo(Demo):
                 "world": status.get("worldSize"),
                 "epoch": here[0],
                 "step": here[1],
+                "failures": status.get("failures") or 0,
             }
         )
         self.last_progress = here
         self.next_at = now + self.chaos.rng.uniform(*self.chaos.gap_s)
 
+    # ---- the bad-data job ---------------------------------------------------------------------
+
+    def submit(self) -> None:
+        super().submit()
+        self.submit_bad_job()
+
+    def cleanup(self, delete_job: bool = True) -> None:
+        if self.drain is not None and self.drain[1].poll() is None:
+            self.drain[1].kill()
+        self.kubectl(
+            "delete", "etj", BAD_JOB, "-n", self.ns, "--ignore-not-found", "--wait=false", check=False
+        )
+        super().cleanup(delete_job)
+
+    def submit_bad_job(self) -> None:
+        """A job whose data path does not exist: a deterministic trainer error on every start."""
+        job = self.job_manifest()
+        job["metadata"]["name"] = BAD_JOB
+        spec = job["spec"]
+        spec["replicas"] = {"min": 1, "max": 1}
+        spec["trainer"]["resources"] = {"gpu": 0, "cpu": "100m", "memory": "256Mi"}  # no GPU slot taken
+        spec["trainer"]["env"] = [
+            {"name": "ETJ_DATA", "value": "/nonexistent/chaos-bad-data"},
+            *(e for e in spec["trainer"]["env"] if e["name"] not in ("ETJ_DATA", "ETJ_SAMPLE_LOG_DIR")),
+        ]
+        spec["checkpoint"]["path"] = str(self.run_dir / "bad-checkpoints")
+        self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(job))
+        self.bad["submitted_at"] = time.monotonic()
+        self.event(f"submitted {BAD_JOB} (data path /nonexistent/chaos-bad-data)")
+
+    def watch_bad_job(self) -> None:
+        t0 = self.bad["submitted_at"]
+        if t0 is None or self.bad["failed_after_s"] is not None:
+            return
+        path = f"{GROUP_PATH}/namespaces/{self.ns}/elastictrainingjobs/{BAD_JOB}"
+        status = (self.kube.get_or_none(path) or {}).get("status") or {}
+        if self.bad["error"] is None:
+            for pod in self.pods_of(BAD_JOB, "rendezvous"):
+                ip = (pod.get("status") or {}).get("podIP")
+                doc = get_json(f"http://{ip}:{PROGRESS_PORT}/progress", timeout=1.0) if ip else None
+                if doc and doc.get("lastError"):
+                    self.bad["error"] = doc["lastError"]
+                    self.bad["error_after_s"] = round(time.monotonic() - t0, 1)
+                    self.event(f"{BAD_JOB} reports: {doc['lastError']}")
+        if status.get("phase") == "Failed":
+            self.bad["failed_after_s"] = round(time.monotonic() - t0, 1)
+            self.bad["failures"] = status.get("failures")
+            self.bad["message"] = status.get("message")
+            self.event(f"{BAD_JOB} Failed after {self.bad['failed_after_s']} s")
+
+    def pods_of(self, job: str, role: str) -> list[JSON]:
+        sel = f"etj.dev/job={job},etj.dev/role={role}"
+        items = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods", labelSelector=sel).get("items") or []
+        return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
     # ---- the events -------------------------------------------------------------------------
+
+    def od_nodes(self) -> list[str]:
+        return sorted(n for n in self.nodes if n.startswith(f"{self.instance}-od"))
+
+    def store_node(self) -> str | None:
+        running = [p for p in self.pods_of(self.name, "rendezvous") if p["status"].get("phase") == "Running"]
+        return running[0]["spec"].get("nodeName") if running else None
 
     def running_workers(self) -> list[str]:
         pods = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods", labelSelector=f"etj.dev/job={self.name}")
@@ -173,7 +272,7 @@ class ChaosDemo(Demo):
             node = rng.choice(nodes)
             self.kubectl("delete", "node", node, "--wait=false", check=False)
             self.nodes.remove(node)
-            self.returns.append(time.monotonic() + rng.uniform(*RETURN_S))
+            self.returns.append((time.monotonic() + rng.uniform(*RETURN_S), "spot"))
             self.event(f"node-delete: {node} (machine gone without notice)")
             return node
         if kind == "spot-interruption":
@@ -188,6 +287,36 @@ class ChaosDemo(Demo):
         if kind == "operator-restart":
             self.restart_operator()
             return "operator"
+        if kind == "store-kill":
+            stores = self.pods_of(self.name, "rendezvous")
+            if not stores:
+                return None
+            pod = stores[0]["metadata"]["name"]
+            self.kubectl("delete", "pod", pod, "-n", self.ns, "--wait=false", "--grace-period=0", "--force")
+            self.event(f"store-kill: {pod}")
+            return pod
+        if kind == "store-node-loss":
+            lost = self.store_node()
+            # Another on-demand node must stay (the replacement store's place), and none is being drained.
+            if lost is None or len(self.od_nodes()) < 2 or self.drain is not None:
+                return None
+            node = lost
+            self.kubectl("delete", "node", node, "--wait=false", check=False)
+            self.nodes.remove(node)
+            self.returns.append((time.monotonic() + rng.uniform(*RETURN_S), "on-demand"))
+            self.event(f"store-node-loss: {node} (machine gone without notice)")
+            return node
+        if kind == "od-drain":
+            if self.drain is not None or len(self.od_nodes()) < 2:
+                return None
+            hosting = {self.store_node(), *self.worker_nodes().values()}
+            node = rng.choice([n for n in self.od_nodes() if n in hosting] or self.od_nodes())
+            cmd = [str(toolchain.binary("kubectl")), "--kubeconfig", str(self.kubeconfig), "drain", node,
+                   "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=90s"]  # fmt: skip
+            with open(self.run_dir / "drains.log", "ab") as log:
+                self.drain = (node, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+            self.event(f"od-drain: kubectl drain {node}")
+            return node
         raise ValueError(kind)
 
     def restart_operator(self) -> None:
@@ -287,6 +416,8 @@ def main(argv: list[str]) -> int:
     samples = check_samples(run_dir, args.epochs)
     succeeded = result.phase == "Succeeded"
     enough = len(demo.done) >= args.min_events
+    no_failures = not status.get("failures")
+    bad_ok = demo.bad["failed_after_s"] is not None and bool(demo.bad["error"])
     summary = {
         "seed": args.seed,
         "run_dir": str(run_dir),
@@ -295,6 +426,8 @@ def main(argv: list[str]) -> int:
         "exactly_once": samples["ok"],
         "sample_check": samples,
         "accuracy": accuracy,
+        "failures_counted": status.get("failures") or 0,
+        "bad_data_job": {k: v for k, v in demo.bad.items() if k != "submitted_at"},
         "events_injected": len(demo.done),
         "enough_events": enough,
         "counts": dict(Counter(e["kind"] for e in demo.done)),
@@ -312,7 +445,7 @@ def main(argv: list[str]) -> int:
         "wall_s": round(time.monotonic() - t_start, 1),
     }
     print(json.dumps(summary, indent=2))
-    return 0 if succeeded and samples["ok"] and enough else 1
+    return 0 if succeeded and samples["ok"] and enough and no_failures and bad_ok else 1
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
-"""Resize pause: event -> first completed step at the new world size, etj agent vs stock torchrun defaults.
+"""Resize pause: event -> first completed step at the new world size, etj vs torchrun, in one run.
 
-Both arms run the same trainer (tiny model on in-memory digits, ~20 steps/s) against the same external
-``etj-train store``; the only difference is the launcher: ``etj-train worker`` (forkserver fast restart,
-explicit rendezvous leave on SIGTERM, last_call 1 s, keep-alive 1 s x 3, monitor 0.2 s) vs
-``torchrun`` with its defaults. Events: SIGTERM to one of 2 agents (2->1, a graceful spot notice) and
-starting a third agent process (1->2). Two numbers per event:
+Every arm runs the same trainer (tiny model on in-memory digits, ~20 steps/s) against the same external
+``etj-train store``; the only difference is the launcher: ``etj-train worker`` (in-place leave, join and
+crash recovery; forkserver fast restart as the fallback) vs ``torchrun`` with its defaults, and torchrun
+with the store fix (``-noshare``: its 1->2 join deadlocks otherwise). Events, in order, on 3 nodes:
+SIGTERM to one agent (3->2, a graceful spot notice), SIGKILL of one node's whole process group (2->1, a lost
+node: agent, forkserver and worker at once), and starting a new agent process (1->2). Numbers:
 
 * ``*_s`` -- event -> first progress report at the new world size (polled every 50 ms). For the gain
   the event is the new agent's *process start*, so its own Python/torch imports are counted (on Kubernetes
   the pod's image pull and start come on top, but training goes on meanwhile);
-* ``gain_1to2_from_join_s`` -- from the moment the new agent, its imports done, starts to join the
-  rendezvous (etj agents print it; stock torchrun does not, hence n/a there);
+* ``gain_1to2_from_join_s`` -- from the moment the new agent, its imports done, starts to join (etj agents
+  print it; stock torchrun does not, hence n/a there);
 * ``*_stall_s`` -- what training lost: last completed step at the old size -> first completed step at
   the new size, as the trainer reports it in ``resizes[].pauseSeconds`` (the job status shows the same).
 
@@ -42,7 +43,7 @@ TRAIN_ENV = {
     "ETJ_MICRO_BATCH_SIZE": "32",
     "ETJ_MIN_STEP_SECONDS": "0.05",
     "ETJ_MIN_WORKERS": "1",
-    "ETJ_MAX_WORKERS": "2",
+    "ETJ_MAX_WORKERS": "3",
     "ETJ_NPROC_PER_WORKER": "1",
     "ETJ_CHECKPOINT_INTERVAL_STEPS": "1000",
 }
@@ -56,7 +57,7 @@ class TorchrunCluster(LocalAgents):
         out = open(self.log_dir / f"worker-{i}.log", "wb")  # noqa: SIM115
         cmd = [
             "torchrun",
-            "--nnodes=1:2",
+            "--nnodes=1:3",
             "--nproc-per-node=1",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.env['ETJ_RDZV_ENDPOINT']}",
@@ -67,7 +68,9 @@ class TorchrunCluster(LocalAgents):
         ]
         exe = str(Path(sys.executable).parent / "torchrun")
         self.agents.append(
-            subprocess.Popen([exe, *cmd[1:]], env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                [exe, *cmd[1:]], env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         )
 
 
@@ -88,15 +91,21 @@ def arm_env(arm: str) -> dict[str, str]:
     return {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if arm.endswith("-noshare") else {}
 
 
+JOIN_LINES = (
+    "etj-train worker: joining the rendezvous at ",
+    "etj-train worker: joining the running world in place at ",
+)
+
+
 def _joined_at(log: Path) -> float | None:
     """Wall-clock time at which an etj agent started to join the rendezvous (it prints it)."""
     for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("etj-train worker: joining the rendezvous at "):
+        if line.startswith(JOIN_LINES):
             return float(line.rsplit(" ", 1)[1])
     return None
 
 
-def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | str]:
+def measure(arm: str, log_root: Path, event_timeout: float) -> dict[str, float | str]:
     run_id = f"bench-{arm}-{os.getpid()}-{time.time_ns()}"
     log_dir = log_root / arm / run_id
     log_dir.mkdir(parents=True)
@@ -110,40 +119,50 @@ def measure(arm: str, log_root: Path, gain_timeout: float) -> dict[str, float | 
         "ETJ_LOCAL_CHECKPOINT_DIR": f"/dev/shm/etj-{run_id}",
     }
     cluster = (LocalAgents if arm == "etj" else TorchrunCluster)(env=env, log_dir=log_dir)
+    out: dict[str, float | str] = {}
     try:
         cluster.start_store()
         url = cluster.progress_url
-        cluster.start_agent()
-        cluster.start_agent()
-        doc = wait_progress(url, lambda d: d.get("worldSize") == 2 and d.get("step", 0) >= 20, 300)
-        # 2 -> 1: graceful loss of one agent
-        t0 = time.monotonic()
-        cluster.agents[-1].send_signal(signal.SIGTERM)
-        doc = wait_progress(url, lambda d: d.get("worldSize") == 1, 300)
-        down = time.monotonic() - t0
-        down_stall = doc["resizes"][-1]["pauseSeconds"]
-        step = doc["step"]
-        wait_progress(url, lambda d: d.get("step", 0) >= step + 20, 120)
-        # 1 -> 2: a new agent starts
-        t1 = time.monotonic()
-        cluster.start_agent()
-        try:
-            doc = wait_progress(url, lambda d: d.get("worldSize") == 2, gain_timeout)
-            up: float | str = round(time.monotonic() - t1, 2)
-            up_stall: float | str = doc["resizes"][-1]["pauseSeconds"]
-            joined = _joined_at(log_dir / f"worker-{len(cluster.agents) - 1}.log")
-            up_join: float | str = round(time.time() - joined, 2) if joined else "n/a (no join line)"
-        except TimeoutError:
-            # Stock torchrun (shared agent store) deadlocks here: the agent that stays group rank 0 does
-            # not republish MASTER_ADDR for the new round (see docs/trainer.md).
-            up = up_stall = up_join = f"no step at world size 2 within {gain_timeout:.0f} s (join deadlocked)"
-        return {
-            "loss_2to1_s": round(down, 2),
-            "loss_2to1_stall_s": down_stall,
-            "gain_1to2_s": up,
-            "gain_1to2_from_join_s": up_join,
-            "gain_1to2_stall_s": up_stall,
-        }
+        for _ in range(3):
+            cluster.start_agent()
+        wait_progress(url, lambda d: d.get("worldSize") == 3 and d.get("step", 0) >= 20, 300)
+        gone: list[subprocess.Popen[bytes]] = []  # signalled already (a leaver may take a while to exit)
+
+        def victim() -> subprocess.Popen[bytes]:
+            gone.append([a for a in cluster.alive() if a not in gone][-1])
+            return gone[-1]
+
+        events = [
+            # 3 -> 2: a graceful spot notice (SIGTERM to one agent)
+            ("loss_3to2", 2, lambda: victim().send_signal(signal.SIGTERM)),
+            # 2 -> 1: a lost node (the local launcher's !1: the node's whole process group at once)
+            ("kill_2to1", 1, lambda: os.killpg(victim().pid, signal.SIGKILL)),
+            # 1 -> 2: a new agent process starts
+            ("gain_1to2", 2, cluster.start_agent),
+        ]
+        for name, size, act in events:
+            doc = wait_progress(url, lambda d: bool(d.get("step")), 60)
+            step = doc["step"]
+            wait_progress(url, lambda d, s=step: d.get("step", 0) >= s + 20, 120)  # steady at this size
+            t0 = time.monotonic()
+            act()
+            try:
+                doc = wait_progress(url, lambda d, n=size: d.get("worldSize") == n, event_timeout)
+            except TimeoutError:
+                # Stock torchrun (shared agent store) deadlocks in any new round: the agent that stays group
+                # rank 0 does not republish MASTER_ADDR for it (see docs/trainer.md).
+                out[f"{name}_s"] = f"no step at world size {size} within {event_timeout:.0f} s (deadlocked)"
+                break
+            out[f"{name}_s"] = round(time.monotonic() - t0, 2)
+            out[f"{name}_stall_s"] = doc["resizes"][-1]["pauseSeconds"]
+            if name.startswith("gain"):
+                joined = _joined_at(log_dir / f"worker-{len(cluster.agents) - 1}.log")
+                out[f"{name}_from_join_s"] = (
+                    round(time.time() - joined, 2) if joined else "n/a (no join line)"
+                )
+        for name, *_ in events:  # what a stuck world kept us from measuring
+            out.setdefault(f"{name}_s", "not measured (the world was stuck before)")
+        return out
     finally:
         cluster.stop()
         import shutil
@@ -155,17 +174,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--arms", default="etj,torchrun-defaults,torchrun-defaults-noshare")
-    ap.add_argument("--gain-timeout", type=float, default=150)
+    ap.add_argument("--event-timeout", type=float, default=150)
+    ap.add_argument("--log-dir", default="", help="keep the agents' logs here (default: a temporary folder)")
     ns = ap.parse_args()
     results: dict[str, list[dict[str, float | str]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(ns.repeats):
             for arm in ns.arms.split(","):
-                results.setdefault(arm, []).append(measure(arm, Path(tmp), ns.gain_timeout))
+                results.setdefault(arm, []).append(measure(arm, Path(ns.log_dir or tmp), ns.event_timeout))
                 print(arm, results[arm][-1], file=sys.stderr, flush=True)
 
     def mean(rs: list[dict[str, float | str]], k: str) -> float | str:
-        vals = [r[k] for r in rs]
+        vals = [r.get(k, "missing") for r in rs]
         nums = [float(v) for v in vals if not isinstance(v, str)]
         return round(sum(nums) / len(nums), 2) if len(nums) == len(vals) else "failed in some runs"
 

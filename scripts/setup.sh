@@ -49,5 +49,13 @@ if [ ! -x "$tools/actionlint" ]; then
   GOBIN="$tools" GOFLAGS=-mod=mod go install "github.com/rhysd/actionlint/cmd/actionlint@$actionlint_version"
 fi
 ln -sf "$tools/actionlint" .venv/bin/actionlint
+# versitygw: a real S3-compatible server (posix backend) for the object-store checkpoint tests
+# (tests/trainer/s3server.py finds it here); built from its Go module like the control plane.
+versitygw_version=v1.8.0
+s3tools="${ETJ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/etj}/tools-versitygw-$versitygw_version"
+if [ ! -x "$s3tools/versitygw" ]; then
+  say "building versitygw $versitygw_version (S3 server for tests)"
+  GOBIN="$s3tools" GOFLAGS=-mod=mod go install "github.com/versity/versitygw/cmd/versitygw@$versitygw_version"
+fi
 
 say "ready: export PATH=$PWD/.venv/bin:\$PATH"

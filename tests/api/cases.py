@@ -86,7 +86,77 @@ class Case:
 
 
 _ENV = "spec.trainer.env"
+# Pass-through pod fields carry Kubernetes' own schemas (issue 15: they were preserve-unknown-fields, so
+# a malformed one passed the apiserver and broke pod creation later). The operator's parser keeps them as
+# plain objects, so these are the apiserver's checks only.
+_PASS_THROUGH: list[Case] = [
+    Case(
+        "affinity-weight-is-an-object",
+        _set(
+            "spec.placement.affinity",
+            {
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": {"value": 5}, "preference": {"matchExpressions": []}}
+                    ]
+                }
+            },
+        ),
+        "spec.placement.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight",
+        # Strict field validation (kubectl apply) names the object's field first; without it the type is.
+        "unknown field",
+        apiserver_only=True,
+    ),
+    Case(
+        "affinity-operator-unknown",
+        _set(
+            "spec.placement.affinity",
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Near"}]}]
+                    }
+                }
+            },
+        ),
+        "operator",
+        "supported values",
+        apiserver_only=True,
+    ),
+    Case(
+        "affinity-term-without-topology-key",
+        _set(
+            "spec.placement.affinity",
+            {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}},
+        ),
+        "topologyKey",
+        "Required value",
+        apiserver_only=True,
+    ),
+    Case(
+        "volume-source-malformed",
+        _set("spec.trainer.volumes", [{"name": "data", "persistentVolumeClaim": {"claimName": 7}}]),
+        "spec.trainer.volumes[0].persistentVolumeClaim.claimName",
+        "must be of type string",
+        apiserver_only=True,
+    ),
+    Case(
+        "volume-source-missing-required",
+        _set("spec.trainer.volumes", [{"name": "data", "nfs": {"server": "nfs.example.com"}}]),
+        "spec.trainer.volumes[0].nfs.path",
+        "Required value",
+        apiserver_only=True,
+    ),
+    Case(
+        "env-value-from-malformed",
+        _set(f"{_ENV}.0", {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s"}}}),
+        f"{_ENV}[0].valueFrom.secretKeyRef.key",
+        "Required value",
+        apiserver_only=True,
+    ),
+]
 CASES: list[Case] = [
+    *_PASS_THROUGH,
     # replicas
     Case("min-zero", _set("spec.replicas.min", 0), "spec.replicas.min", "greater than or equal to 1"),
     Case("min-negative", _set("spec.replicas.min", -2), "spec.replicas.min", "greater than or equal to 1"),
@@ -250,6 +320,37 @@ CASES: list[Case] = [
         _set("spec.training", {"globalBatchSize": 3, "microBatchSize": 1}),
         "spec.training.globalBatchSize",
         "must be at least one sample per training process at replicas.max",
+    ),
+    Case(
+        "global-below-processes-per-pod",
+        _both(
+            _set("spec.trainer.resources.gpu", 0),
+            _set("spec.trainer.procsPerWorker", 32),  # 4 pods x 32 ranks > 64 samples
+        ),
+        "spec.training.globalBatchSize",
+        "must be at least one sample per training process at replicas.max",
+    ),
+    Case(
+        "dynamic-sgd-batch-not-a-multiple-of-the-minimum-ranks",
+        _both(
+            _set("spec.training.resizePolicy", "DynamicSGD"),
+            _set("spec.trainer.resources.gpu", 0),
+            _set("spec.trainer.procsPerWorker", 3),  # the batch at the minimum: 64 over 3 ranks
+        ),
+        "spec.training.globalBatchSize",
+        "must be a multiple of the training processes there",
+    ),
+    Case(
+        "procs-per-worker-zero",
+        _set("spec.trainer.procsPerWorker", 0),
+        "spec.trainer.procsPerWorker",
+        "greater than or equal to 1",
+    ),
+    Case(
+        "procs-per-worker-above-gpus",
+        _set("spec.trainer.procsPerWorker", 2),  # the valid job has 1 GPU per pod
+        "spec.trainer.procsPerWorker",
+        "must not be greater than trainer.resources.gpu",
     ),
     Case(
         "resize-policy-enum",
@@ -534,8 +635,60 @@ UPDATES: list[Update] = [
         "spec.checkpoint",
         "are immutable",
     ),
+    Update(
+        "procs-per-worker-immutable",
+        _set("spec.trainer.procsPerWorker", 1),  # the same count as the valid job's 1 GPU: allowed ...
+        False,
+    ),
+    Update(
+        "gpus-per-pod-immutable",
+        _set("spec.trainer.resources.gpu", 2),  # ... but 2 ranks per pod instead of 1 is not
+        True,
+        "spec.trainer.procsPerWorker",
+        "training processes per worker pod",
+    ),
+    Update(
+        "procs-per-worker-changed",
+        _both(_set("spec.trainer.resources.gpu", 0), _set("spec.trainer.procsPerWorker", 2)),
+        True,
+        "spec.trainer.procsPerWorker",
+        "are immutable",
+    ),
+    # Settings every worker of one job must share (issue 15: edits reached only new pods and mixed them).
+    *(
+        Update(
+            f"{path.rsplit('.', 1)[-1]}-immutable", _set(path, value), True, "spec.training", "are immutable"
+        )
+        for path, value in (
+            ("spec.training.seed", 7),
+            ("spec.training.epochs", 9),
+            ("spec.training.microBatchSize", 8),
+            ("spec.training.precision", "bf16"),
+            ("spec.training.optimizer", {"lr": 0.5}),
+            ("spec.training.lrSchedule", {"type": "cosine"}),
+        )
+    ),
+    *(
+        Update(f"trainer-{name}-immutable", _set(path, value), True, "spec.trainer", "are immutable")
+        for name, path, value in (
+            ("image", "spec.trainer.image", "ghcr.io/etj-dev/etj-trainer:0.2.0"),
+            ("env", "spec.trainer.env", [{"name": "ETJ_DATA", "value": "digits-tensor"}]),
+            (
+                "env-added",
+                "spec.trainer.env",
+                [{"name": "ETJ_DATA", "value": "digits"}, {"name": "ETJ_MODEL", "value": "resnet18"}],
+            ),
+            ("args", "spec.trainer.args", ["--verbose"]),
+            ("gpu", "spec.trainer.resources.gpu", 2),
+            ("volumes", "spec.trainer.volumes", [{"name": "data", "emptyDir": {}}]),
+        )
+    ),
+    Update("image-removed", _delete("spec.trainer.image"), True, "spec.trainer", "are immutable"),
+    Update("pull-policy-editable", _set("spec.trainer.imagePullPolicy", "Always"), False),
     # Elastic knobs stay editable: that is what `kubectl scale` and suspend are for.
     Update("max-editable", _set("spec.replicas.max", 2), False),
     Update("suspend-editable", _set("spec.suspend", True), False),
     Update("interval-editable", _set("spec.checkpoint.intervalSteps", 50), False),
+    Update("min-editable", _set("spec.replicas.min", 2), False),
+    Update("placement-editable", _set("spec.placement.nodeSelector", {"pool": "b"}), False),
 ]

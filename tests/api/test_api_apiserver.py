@@ -221,3 +221,15 @@ def test_status_model_round_trips_through_the_apiserver(cluster: Cluster, namesp
     stored = ElasticTrainingJob.model_validate(_get(cluster, namespace, "rt"))
     assert stored.status is not None and stored.status.phase is Phase.RESIZING
     assert stored.status.conditions[0].reason == "SpotInterruption"
+
+
+def test_vendored_kubernetes_schemas_are_the_local_apiservers(cluster: Cluster) -> None:
+    """The pass-through fields' schemas (api/k8s_schemas.json) are what this apiserver's OpenAPI says."""
+    from etj_operator.api import k8s_schema
+
+    openapi = json.loads(cluster.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
+    fresh = k8s_schema.extract(openapi)
+    assert fresh == json.loads(k8s_schema.SCHEMA_FILE.read_text()), (
+        "regenerate: kubectl get --raw /openapi/v3/api/v1 > /tmp/v1.json; "
+        "python -m etj_operator.api.k8s_schema /tmp/v1.json; etj crd generate"
+    )

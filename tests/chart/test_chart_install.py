@@ -334,6 +334,12 @@ PERMISSIONS: list[tuple[str, str, str | None, str]] = [
     ("list", "secrets", None, "no"),
     ("watch", "secrets", "<ns>", "no"),
     ("get", "configmaps", "<ns>", "no"),
+    ("create", "secrets", "<ns>", "yes"),  # each job's token Secret, never read back
+    ("delete", "secrets", "<ns>", "no"),
+    ("create", "networkpolicies.networking.k8s.io", "<ns>", "yes"),
+    ("delete", "networkpolicies.networking.k8s.io", "<ns>", "no"),
+    ("create", "poddisruptionbudgets.policy", "<ns>", "yes"),
+    ("delete", "poddisruptionbudgets.policy", "<ns>", "no"),
     ("create", "pods", "<ns>", "yes"),
     ("delete", "pods", "<ns>", "yes"),
     ("list", "pods", "<ns>", "yes"),

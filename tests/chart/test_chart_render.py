@@ -78,6 +78,7 @@ def test_default_render_creates_exactly_the_operator_objects() -> None:
         ("ClusterRoleBinding", "etj", None),
         ("CustomResourceDefinition", "elastictrainingjobs.etj.dev", None),
         ("Deployment", "etj", NS),
+        ("Secret", "etj-token-key", NS),
         ("Service", "etj-metrics", NS),
         ("ServiceAccount", "etj", NS),
     ]
@@ -230,6 +231,27 @@ def test_default_trainer_image_and_operator_image_values(monkeypatch: pytest.Mon
     assert pinned["image"] == f"r.example.com/op@{digest}"
 
 
+def test_network_policy_value_and_the_operators_identity_reach_its_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objs = render()
+    container = _operator_container(objs)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    secret = one(objs, "Secret")
+    ref = env["ETJ_OPERATOR_TOKEN_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": secret["metadata"]["name"], "key": "key"} and secret["data"]["key"]
+    monkeypatch.setenv("POD_NAMESPACE", NS)
+    settings = build_state(_operator_flags(objs)).settings
+    pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    # The jobs' policies admit the operator's own pods: its namespace and its selector labels.
+    assert settings.network_policy and settings.operator_namespace == NS
+    assert dict(settings.operator_pod_labels).items() <= pod_labels.items()
+    assert dict(settings.operator_pod_labels)["app.kubernetes.io/component"] == "operator"
+    off = build_state(_operator_flags(render({"networkPolicy": {"enabled": False}}))).settings
+    assert not off.network_policy
+
+
 # ---- RBAC ------------------------------------------------------------------------------------------
 
 
@@ -253,7 +275,7 @@ def test_all_namespaces_mode_binds_one_cluster_role_with_exactly_the_rbac_file()
     assert not find(objs, "Role") and not find(objs, "RoleBinding")
 
 
-def test_rbac_has_no_wildcards_no_secrets_and_no_writes_beyond_what_the_operator_does() -> None:
+def test_rbac_has_no_wildcards_no_secret_reads_and_no_writes_beyond_what_the_operator_does() -> None:
     for objs in (render(), render({"watchNamespaces": ["a", "b"]})):
         rules = [r for o in objs if o["kind"] in ("ClusterRole", "Role") for r in o["rules"]]
         for rule in rules:
@@ -262,12 +284,17 @@ def test_rbac_has_no_wildcards_no_secrets_and_no_writes_beyond_what_the_operator
             assert not rule.get("nonResourceURLs") and not rule.get("resourceNames"), rule
         triples = rule_triples(rules)
         resources = {r for _, r, _ in triples}
-        assert not resources & {"secrets", "configmaps", "serviceaccounts", "roles", "rolebindings"}
+        assert not resources & {"configmaps", "serviceaccounts", "roles", "rolebindings"}
+        # Secrets: the jobs' token Secrets are created, never read back (tokens are derived).
+        assert {v for _, r, v in triples if r == "secrets"} == {"create"}
         writes = {(r, v) for _, r, v in triples if v not in ("get", "list", "watch")}
         assert writes == {
             ("pods", "create"),
             ("pods", "delete"),
             ("services", "create"),
+            ("secrets", "create"),
+            ("networkpolicies", "create"),
+            ("poddisruptionbudgets", "create"),
             ("events", "create"),
             ("events", "patch"),
             ("elastictrainingjobs", "delete"),

@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from etj_testbed.demo.cluster import make_demo
 from etj_testbed.demo.local import Demo
-from etj_testbed.demo.script import Script
+from etj_testbed.demo.script import DemoResult, Script
+from etj_testbed.demo.view import write_timeline
 from etj_testbed.localcluster.toolchain import cache_root
+
+REPO = Path(__file__).resolve().parents[2]
 
 MODES = ("local", "installed")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
@@ -89,6 +95,20 @@ class E2EConfig:
             return self.shared_dir / "e2e" / stamp  # the nodes write checkpoints and sample logs here
         return cache_root() / "e2e" / stamp
 
+    def run(
+        self, kubeconfig: Path, run_dir: Path, manifest: dict[str, Any], script: Script, tag: str
+    ) -> DemoResult:
+        """Run one job under ``script`` in a namespace of its own; the timeline stays in ``run_dir``."""
+        suffix = uuid.uuid4().hex[:5]
+        demo = self.demo(kubeconfig, f"e2e-{tag}-{suffix}", run_dir, manifest, script, f"e2e{tag}{suffix}")
+        try:
+            demo.start()
+            result = demo.run()
+        finally:
+            demo.cleanup(delete_job=True)
+        write_timeline(result, run_dir / "timeline.png")  # kept with the logs for whoever debugs a failure
+        return result
+
     def demo(
         self,
         kubeconfig: Path,
@@ -110,3 +130,9 @@ class E2EConfig:
             pull_policy=self.pull_policy,
             shared_dir=self.shared_dir,
         )
+
+
+def demo_job() -> dict[str, Any]:
+    """A fresh copy of the demo's job (examples/demo-cpu.yaml), for a test to adjust."""
+    job: dict[str, Any] = yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())
+    return job

@@ -49,7 +49,7 @@ def _result(tmp_path: Path) -> DemoResult:
 
 def test_view_rows_show_progress_and_the_last_resize(tmp_path: Path) -> None:
     rows = dict(view_rows(_result(tmp_path).status))
-    assert rows["world size"] == "3" and rows["samples/s"] == "97.5" and rows["loss"] == "0.2500"
+    assert rows["world size (ranks)"] == "3" and rows["samples/s"] == "97.5" and rows["loss"] == "0.2500"
     assert rows["last resize"] == "4→3 SpotInterruption pause 12.5s"
     assert dict(view_rows({}))["phase"] == "-"
 

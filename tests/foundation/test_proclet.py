@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from etj_testbed.localcluster.proclet_env import (
     command_line,
     container_env,
     expand,
+    headless_service_of,
     service_endpoint,
     service_names,
     substitute_services,
@@ -153,6 +155,33 @@ def test_loopback_ips_are_unique_while_in_use_and_sticky_by_name() -> None:
     assert ips.allocate("ns/p2") == got[2]  # a recreated pod gets its old address back
     ips.release(got[0])
     assert ips.allocate("ns/new") == got[0]  # the only free one
+
+
+def test_a_pod_behind_a_headless_service_takes_over_its_address() -> None:
+    """A replacement store pod (a new name) gets the address its clients hold, as cluster DNS would."""
+
+    def svc(name: str, headless: bool, **selector: str) -> JSON:
+        return {
+            "metadata": {"name": name},
+            "spec": {"selector": selector, "clusterIP": "None" if headless else "10.0.0.1"},
+        }
+
+    pod: JSON = {
+        "metadata": {"name": "job-rdzv-3", "namespace": "ns", "labels": {"role": "rdzv", "job": "j"}}
+    }
+    services = [
+        svc("web", False, role="rdzv"),
+        svc("job-rdzv", True, role="rdzv", job="j"),
+        svc("x", True, role="x"),
+    ]
+    assert headless_service_of(pod, services) == "svc:ns/job-rdzv"
+    assert headless_service_of(pod, services[:1]) is None  # a ClusterIP Service has its own address
+
+    ips = LoopbackIPs("127.0.0.0/29")
+    first = ips.allocate("svc:ns/job-rdzv")
+    threading.Timer(0.3, ips.release, [first]).start()  # the old pod lets go of it a moment later
+    assert ips.allocate("svc:ns/job-rdzv", wait_s=30) == first
+    assert ips.allocate("svc:ns/job-rdzv", wait_s=0.2) != first  # held: a new one after the wait
 
 
 def test_exit_codes_and_container_status_shapes() -> None:

@@ -5,7 +5,6 @@ Only convergence is asserted, with wait-with-timeout polling; no test asserts ho
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,21 +14,6 @@ from tests.integration.opbed import Bed, OperatorProcess
 from tests.plugins.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def bed(cluster: Cluster, namespace: str) -> Iterator[Bed]:
-    b = Bed(cluster, namespace)
-    yield b
-    b.cleanup()
-
-
-@pytest.fixture
-def operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, namespace, tmp_path / "operator.log").start()
-    yield op
-    op.stop()
-    print(op.logs())  # captured: pytest shows it only when the test failed
 
 
 def _worker_nodes(bed: Bed, job: str) -> dict[str, str]:
@@ -228,3 +212,31 @@ def test_suspend_stops_everything_and_resume_restarts(bed: Bed, operator: Operat
         "etj.dev", "v1alpha1", bed.ns, "elastictrainingjobs", "pause", patch
     )
     _reaches(bed, "pause", 2, operator)
+
+
+def test_store_lost_with_its_node_is_replaced_at_once_under_a_fresh_name(
+    bed: Bed, operator: OperatorProcess
+) -> None:
+    """The store's node disappears: its pod would stay Terminating (no kubelet will confirm), and a store
+    under the same name would wait for it; the operator removes it and starts a fresh one at once."""
+    bed.node("spot-0", "spot")
+    od = [bed.node(f"od-{i}", "on-demand", gpus=0) for i in range(2)]
+    bed.create_job("lost", max_workers=1)
+    _reaches(bed, "lost", 1, operator)
+    bed.wait(
+        "store running", lambda: any(p.status.phase == "Running" for p in bed.pods("lost", "rendezvous"))
+    )
+    (old,) = bed.pods("lost", "rendezvous")
+    assert old.spec.node_name in od
+    bed.core.delete_node(old.spec.node_name)
+
+    def replaced() -> bool:
+        pods = {p.metadata.name: p for p in bed.pods("lost", "rendezvous")}
+        fresh = [p for n, p in pods.items() if n != old.metadata.name]
+        return old.metadata.name not in pods and any(p.status.phase == "Running" for p in fresh)
+
+    bed.wait("old store removed and a fresh one running", replaced, 60)
+    (new,) = bed.pods("lost", "rendezvous")
+    assert new.spec.node_name in od and new.spec.node_name != old.spec.node_name
+    st = bed.status("lost")
+    assert st["phase"] == "Running" and not st.get("failures"), st

@@ -36,7 +36,7 @@ def test_handler_takes_a_sub_second_last_call() -> None:
     cfg = AgentConfig(
         endpoint=f"127.0.0.1:{store.port}", run_id="t", min_nodes=1, max_nodes=4, last_call_timeout=0.5
     )
-    handler = make_rendezvous_handler(cfg)
+    handler, _ = make_rendezvous_handler(cfg)
     assert handler.settings.timeout.last_call.total_seconds() == 0.5
     assert (handler.settings.min_nodes, handler.settings.max_nodes) == (1, 4)
     assert handler.settings.keep_alive_interval.total_seconds() == cfg.keep_alive_interval
@@ -69,3 +69,22 @@ def test_preload_follows_the_job(case: str) -> None:
     assert mods[:2] == ["etj_trainer._forkserver_dies_with_agent", "etj_trainer._forkserver_ignore_sigterm"]
     assert "etj_trainer.trainer" in mods
     assert present <= set(mods) and not (absent & set(mods))
+
+
+def test_the_first_round_waits_for_every_warm_agent_then_the_job_minimum_is_back() -> None:
+    """first_round_min_nodes sets torch's (frozen, private) min_nodes, which its join op reads on every
+    poll, and the bound puts the job's minimum back (a guard: this fails if torch renames the setting)."""
+    import threading
+
+    from etj_trainer.agent import first_round_min_nodes
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    cfg = AgentConfig(endpoint=f"127.0.0.1:{store.port}", run_id="t2", min_nodes=1, max_nodes=4)
+    handler, _ = make_rendezvous_handler(cfg)
+    restored = threading.Event()
+    first_round_min_nodes(handler, 3, cfg.min_nodes, bound_s=0.05)
+    assert handler.settings.min_nodes == 3
+    while handler.settings.min_nodes != 1:  # the bound's timer puts the job's minimum back
+        restored.wait(0.01)
+    first_round_min_nodes(handler, 1, cfg.min_nodes, bound_s=0.05)  # alone: nothing to wait for
+    assert handler.settings.min_nodes == 1

@@ -50,3 +50,32 @@ def test_dynamic_sgd_batch_follows_world_size() -> None:
     plans = [plan_step(ResizePolicy.DYNAMIC_SGD, 64, 64, n, 2) for n in (2, 4, 1)]
     assert [p.global_batch for p in plans] == [64, 128, 32]
     assert [p.lr_target for p in plans] == [1.0, 2.0, 0.5]
+
+
+# (policy, global batch, ranks, min ranks, procs per pod) -> (B, per-rank, per-pod, LR target). Every count
+# is in ranks: a pod of P processes is P ranks, and the minimum is replicas.min x P.
+RANK_PLANS = {
+    "DynamicSGD at the minimum, 2 procs per pod: multiplier exactly 1": (
+        (ResizePolicy.DYNAMIC_SGD, 64, 2, 2, 2),
+        (64, 32, 64, 1.0),
+    ),
+    "DynamicSGD, 2 pods x 8 GPUs at a minimum of 1 pod: per-rank batch kept, 2x": (
+        (ResizePolicy.DYNAMIC_SGD, 256, 16, 8, 8),
+        (512, 32, 256, 2.0),
+    ),
+    "DynamicSGD, 2 pods x 2 at a minimum of 2 pods: the batch at the minimum": (
+        (ResizePolicy.DYNAMIC_SGD, 32, 4, 4, 2),
+        (32, 8, 16, 1.0),
+    ),
+    "FixedGlobalBatch, 2 pods x 2: uneven split, the first pod holds the largest share": (
+        (ResizePolicy.FIXED_GLOBAL_BATCH, 30, 4, 2, 2),
+        (30, 8, 16, 1.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(RANK_PLANS), ids=list(RANK_PLANS))
+def test_batch_plans_count_ranks_not_pods(case: str) -> None:
+    (policy, batch, ranks, min_ranks, procs), want = RANK_PLANS[case]
+    plan = plan_step(policy, batch, 8, ranks, min_ranks, procs)
+    assert (plan.global_batch, plan.per_rank_batch, plan.per_worker_batch, plan.lr_target) == want

@@ -21,12 +21,26 @@ from etj_trainer.regroup import Regroup, StopCode, decide
 from etj_trainer.trainer import StopFlag
 from etj_trainer.worldsim import run_world
 
-R, L, X = StopCode.RUN, StopCode.LEAVING, StopCode.RESTARTING
+R, L, X, A = StopCode.RUN, StopCode.LEAVING, StopCode.RESTARTING, StopCode.ADMIT
 
 DECISIONS = {
     "one of two leaves: the other goes on alone": ([R, L], 1, True, Regroup((0,), True, "graceful leave")),
     "rank 0 leaves: rank 1 becomes rank 0": ([L, R, R], 1, True, Regroup((1, 2), True, "graceful leave")),
     "a whole 2-GPU node leaves": ([R, R, L, L], 2, True, Regroup((0, 1), True, "graceful leave")),
+    "a whole 2-process pod leaves though only one of its ranks saw the signal this step": (
+        [R, R, R, L],
+        2,
+        True,
+        Regroup((0, 1), True, "graceful leave"),
+        2,
+    ),
+    "one rank of each of two 2-process pods: both pods leave, below the minimum": (
+        [L, R, R, L, R, R],
+        3,
+        True,
+        Regroup((4, 5), False, "2 surviving ranks < minimum 3"),
+        2,
+    ),
     "a joiner is coming: everyone restarts": (
         [X, L, R],
         1,
@@ -34,6 +48,24 @@ DECISIONS = {
         Regroup((2,), False, "an agent is restarting its workers (a node is joining)"),
     ),
     "everyone leaves": ([L, L], 1, True, Regroup((), False, "every rank is leaving")),
+    "rank 0 admits joiners: everyone goes on": (
+        [A, R, R],
+        1,
+        True,
+        Regroup((0, 1, 2), True, "admit joiners", True),
+    ),
+    "a leave goes first; the joiners wait one more step": (
+        [A, L, R],
+        1,
+        True,
+        Regroup((0, 2), True, "graceful leave"),
+    ),
+    "a restarting agent wins over an admission": (
+        [A, X],
+        1,
+        True,
+        Regroup((0,), False, "an agent is restarting its workers (a node is joining)"),
+    ),
     "below the minimum: torch elastic waits for capacity": (
         [R, L, L],
         2,
@@ -51,8 +83,15 @@ DECISIONS = {
 
 @pytest.mark.parametrize("case", list(DECISIONS), ids=list(DECISIONS))
 def test_decide(case: str) -> None:
-    codes, min_ranks, enabled, expected = DECISIONS[case]
-    assert decide([int(c) for c in codes], min_ranks, enabled) == expected
+    codes, min_ranks, enabled, expected, *procs = DECISIONS[case]
+    assert decide([int(c) for c in codes], min_ranks, enabled, *procs) == expected
+
+
+def test_the_choice_is_logged_with_its_reason() -> None:
+    assert decide([R, L], 1, True).describe() == "in place (graceful leave)"
+    assert decide([X, R], 1, True).describe() == (
+        "restart the world (an agent is restarting its workers (a node is joining))"
+    )
 
 
 def test_new_ranks_keep_the_survivors_order() -> None:

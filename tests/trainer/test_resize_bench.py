@@ -18,3 +18,9 @@ def test_join_time_is_read_from_the_agent_log(tmp_path: Path) -> None:
     assert _joined_at(log) == 1795388237.125
     log.write_text("torchrun output only\n")
     assert _joined_at(log) is None
+
+
+def test_an_in_place_joiners_time_is_read_too(tmp_path: Path) -> None:
+    log = tmp_path / "worker-3.log"
+    log.write_text("etj-train worker: joining the running world in place at 1795473635.267\n")
+    assert _joined_at(log) == 1795473635.267

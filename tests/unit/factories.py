@@ -38,7 +38,9 @@ def status(**fields: Any) -> ElasticTrainingJobStatus:
 
 
 def started(current: int, *, desired: int = 4, **fields: Any) -> ElasticTrainingJobStatus:
-    """Status of a job that has been running for a while with ``current`` workers."""
+    """Status of a job that has been running for a while with ``current`` workers (its trainer has
+    reported: the world has formed, so running-count changes are resizes)."""
+    fields.setdefault("progress", {"step": 100})
     return status(
         phase="Running",
         currentReplicas=current,
@@ -89,9 +91,11 @@ def worker(slot: int, node_name: str | None = None, phase: str = "Running", **kw
     )
 
 
-def store(node_name: str | None = "od-0", phase: str = "Running", **kw: Any) -> PodInfo:
+def store(
+    node_name: str | None = "od-0", phase: str = "Running", name: str = "train-rdzv", **kw: Any
+) -> PodInfo:
     return PodInfo(
-        name="train-rdzv",
+        name=name,
         job="train",
         role="rendezvous",
         uid="r",

@@ -92,6 +92,31 @@ CASES: dict[str, tuple[JobFacts, ConditionType, bool, str]] = {
         False,
         R.INSUFFICIENT_CAPACITY,
     ),
+    "a pod create the apiserver refuses is a replica failure": (
+        replace(RUNNING, create_rejection='pods "x" is forbidden: exceeded quota: gpus'),
+        ConditionType.REPLICA_FAILURE,
+        True,
+        R.FAILED_CREATE,
+    ),
+    "no refusal: the pods were created": (RUNNING, ConditionType.REPLICA_FAILURE, False, R.PODS_CREATED),
+    "no volume and no object store: checkpoints are volatile": (
+        RUNNING,
+        ConditionType.CHECKPOINT_VOLATILE,
+        True,
+        R.NO_DURABLE_CHECKPOINT,
+    ),
+    "a volume claim keeps checkpoints": (
+        replace(RUNNING, checkpoint_pvc="ckpt"),
+        ConditionType.CHECKPOINT_VOLATILE,
+        False,
+        R.CHECKPOINT_PVC,
+    ),
+    "an object store keeps checkpoints": (
+        replace(RUNNING, checkpoint_uri="s3://b/p"),
+        ConditionType.CHECKPOINT_VOLATILE,
+        False,
+        R.CHECKPOINT_OBJECT_STORE,
+    ),
 }
 
 

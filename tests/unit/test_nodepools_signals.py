@@ -67,7 +67,8 @@ def test_operator_rules_add_labels_and_change_the_default() -> None:
 
 def test_pool_name_and_gpus() -> None:
     info = node_info(node_body({"karpenter.sh/nodepool": "gpu-spot", "karpenter.sh/capacity-type": "spot"}))
-    assert (info.pool, info.gpus(), info.allocatable) == ("gpu-spot", 8, {"nvidia.com/gpu": 8})
+    assert (info.pool, info.gpus(), info.allocatable["nvidia.com/gpu"]) == ("gpu-spot", 8, 8)
+    assert info.allocatable["cpu"] == 96_000  # milli-units (observe.nodes._countable)
     assert node_info(node_body({})).pool == "default-on-demand"
     pools = summarize_pools(
         [info, node_info(node_body({"karpenter.sh/nodepool": "gpu-spot"}, unschedulable=True))]

@@ -48,6 +48,14 @@ def _resize(reason: str, frm: int, to: int) -> Callable[[Plan], object]:
 
 
 RUNNING4 = [worker(i, f"spot-{i}") for i in range(4)]
+
+
+def _new_store(p: Plan, index: int, *, force: bool) -> None:
+    """A replacement store is created now with this index, and the old one deleted (forced or not)."""
+    assert p.create_rendezvous and p.rendezvous_index == index, (p.create_rendezvous, p.rendezvous_index)
+    assert [d.force for d in p.drains if d.role == "rendezvous"] == ([force] if p.drains else [])
+
+
 FINAL_REPORT: dict[str, Any] = {"step": 180, "finished": True, "accuracy": 0.98}
 RECENT_RESIZE: dict[str, Any] = {
     "resizeHistory": [
@@ -261,6 +269,28 @@ CASES = [
         check=lambda p: all(e.type == "Normal" for e in p.events) or pytest.fail(str(p.events)),
     ),
     Case(
+        # regression (issue 15): any pod that reached the store could POST finished: true, and with no
+        # worker Running (all Pending for capacity here) the job became Succeeded
+        "a finished report with no worker that exited 0 finishes nothing",
+        job(st=started(0)),
+        observe(
+            cluster(spot=0),
+            [worker(i, None, phase="Pending") for i in range(4)] + [store()],
+            progress=FINAL_REPORT,
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.PENDING,
+    ),
+    Case(
+        "a finished report while workers run (none exited) keeps the job running",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store()], progress=FINAL_REPORT),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+    ),
+    Case(
         "finished job stays finished and creates nothing",
         job(st=status(phase="Succeeded", completionTime=NOW.isoformat())),
         observe(cluster(), []),
@@ -372,16 +402,75 @@ CASES = [
         phase=Phase.RESIZING,
     ),
     Case(
-        "store on an interrupted node is replaced, never while the old one exists",
+        "store on an interrupted node is replaced at once, under a fresh name",
+        job(st=started(4)),
+        observe(
+            [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_DISRUPTED)],
+            [*RUNNING4, store("od-0")],
+        ),
+        creates=[],
+        drains=[("train-rdzv", Reason.NODE_DISRUPTED)],
+        phase=Phase.RUNNING,
+        check=lambda p: _new_store(p, 0, force=False),
+    ),
+    Case(
+        # regression (issue 15): a cordon alone (often an admin's or an upgrade's first step, undone or
+        # followed by a drain the store's PodDisruptionBudget holds) stopped the store, losing the rendezvous
+        "a cordon alone does not move the store",
         job(st=started(4)),
         observe(
             [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_CORDONED)],
             [*RUNNING4, store("od-0")],
         ),
         creates=[],
-        drains=[("train-rdzv", Reason.NODE_CORDONED)],
+        drains=[],
         phase=Phase.RUNNING,
-        check=lambda p: (not p.create_rendezvous) or pytest.fail("store created while old exists"),
+    ),
+    Case(
+        "nor does a rebalance recommendation (a hint, not a notice)",
+        job(st=started(4)),
+        observe(
+            [
+                *cluster(on_demand=0),
+                node("od-0", CapacityType.ON_DEMAND, signal=Reason.REBALANCE_RECOMMENDATION),
+            ],
+            [*RUNNING4, store("od-0")],
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        check=lambda p: (not p.create_rendezvous) or pytest.fail("the store moved"),
+    ),
+    Case(
+        "a lost store's pod stuck Terminating on a deleted node is removed and a fresh store created",
+        job(st=started(4)),
+        observe(
+            cluster(),
+            [*RUNNING4, store("od-9", name="train-rdzv-3", terminating=True)],
+            deleted_nodes={"od-9": NOW},
+        ),
+        creates=[],
+        drains=[("train-rdzv-3", Reason.NODE_DELETED)],
+        phase=Phase.RUNNING,
+        check=lambda p: _new_store(p, 4, force=True),
+    ),
+    Case(
+        "a store pod terminating on a live node is left to finish; its replacement does not wait",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store("od-0", name="train-rdzv-0", terminating=True)]),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        check=lambda p: _new_store(p, 1, force=False),
+    ),
+    Case(
+        "a running store is kept and no second one is made",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store("od-0", name="train-rdzv-0", terminating=True), store()]),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        check=lambda p: (not p.create_rendezvous) or pytest.fail("a second store"),
     ),
     Case(
         "ttl after finish deletes the job",
@@ -419,7 +508,17 @@ def test_plan_is_deterministic(case: Case) -> None:
 def test_every_status_write_carries_the_full_conditions_list() -> None:
     result = plan(job(st=started(4)), observe(cluster(), [*RUNNING4, store()]))
     types = [c.type for c in result.status.conditions]
-    assert types == ["Ready", "Resizing", "Suspended", "Succeeded", "Failed", "CapacityAvailable"]
+    assert types == [
+        "Ready",
+        "Resizing",
+        "Suspended",
+        "Succeeded",
+        "Failed",
+        "CapacityAvailable",
+        "ReplicaFailure",
+        "Progressing",
+        "CheckpointVolatile",
+    ]
     assert result.status.to_patch()["conditions"][0]["status"] == "True"
 
 
@@ -439,3 +538,82 @@ def test_restart_with_lagging_status_never_duplicates_workers() -> None:
     pods = [worker(0, "spot-0"), worker(2, "spot-2"), store()]
     result = plan(job(st=ElasticTrainingJobStatus()), observe(cluster(), pods))
     assert result.create_workers == [1, 3]
+
+
+def test_a_refused_pod_create_is_one_warning_per_distinct_refusal_and_status_goes_on() -> None:
+    refused = 'pods "train-worker-3" is forbidden: exceeded quota: gpus'
+    first = plan(
+        job(st=started(3, **OLD_RESIZE)),
+        observe(cluster(), [*RUNNING4[:3], store()], create_rejection=refused),
+    )
+    cond = next(c for c in first.status.conditions if c.type == "ReplicaFailure")
+    assert (cond.status, cond.reason, cond.message) == ("True", "FailedCreate", refused)
+    assert [e.reason for e in first.events if e.type == "Warning"] == ["FailedCreate"]
+    assert first.status.workers == "3/4" and first.create_workers == [3]  # it keeps trying
+    again = plan(job(st=first.status), observe(cluster(), [*RUNNING4[:3], store()], create_rejection=refused))
+    assert not [e for e in again.events if e.reason == "FailedCreate"]
+    cleared = plan(job(st=again.status), observe(cluster(), [*RUNNING4, store()]))
+    cond = next(c for c in cleared.status.conditions if c.type == "ReplicaFailure")
+    assert (cond.status, cond.reason) == ("False", "PodsCreated")
+
+
+def test_a_failed_workers_last_log_line_names_the_cause_in_its_warning() -> None:
+    from etj_operator.observe.pods import pod_info
+
+    body = {
+        "metadata": {"name": "train-worker-3", "labels": {"etj.dev/job": "train", "etj.dev/role": "worker"}},
+        "spec": {"nodeName": "spot-3"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "state": {
+                        "terminated": {
+                            "exitCode": 1,
+                            "message": "Traceback (most recent call last):\n  ...\n"
+                            "FileNotFoundError: /data/imagenet/train\n",
+                        }
+                    }
+                }
+            ],
+        },
+    }
+    failed = pod_info(body)
+    out = plan(job(st=started(4)), observe(cluster(), [*RUNNING4[:3], failed, store()]))
+    warning = next(e for e in out.events if e.type == "Warning" and e.reason == "WorkerFailed")
+    assert "FileNotFoundError: /data/imagenet/train" in warning.message, warning
+
+
+STARTUP_CASES = [
+    # (name, job, observed, creates, startup_workers): what new agents wait for before the first rendezvous
+    ("fresh job with room for all: the first world waits for all four", job(), observe(cluster(), []), 4, 4),
+    (
+        "fresh job with room for two: the two pods left for the autoscaler do not hold the world back",
+        job(),
+        observe(cluster(spot=2), []),
+        4,
+        2,
+    ),
+    (
+        "a replacement counts the survivors (their count is long reached: it joins at once)",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4[:3], store()]),
+        1,
+        4,
+    ),
+    (
+        "nothing to create: nothing to wait for",
+        job(st=started(4)),
+        observe(cluster(), [*RUNNING4, store()]),
+        0,
+        0,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "j", "obs", "creates", "startup"), STARTUP_CASES, ids=[c[0] for c in STARTUP_CASES]
+)
+def test_startup_workers(name: str, j: JobView, obs: Observed, creates: int, startup: int) -> None:
+    result = plan(j, obs)
+    assert (len(result.create_workers), result.startup_workers) == (creates, startup)

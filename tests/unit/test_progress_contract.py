@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from etj_contract.progress import ProgressDoc, ResizeRecord, merge
+from etj_contract.progress import MAX_ERROR_CHARS, ProgressDoc, ResizeRecord, merge
 
 LEAVE = ResizeRecord("2026-01-01T12:00:05Z", 4, 3, "scale-down", 0.16, 0)
 JOIN = ResizeRecord("2026-01-01T12:01:00Z", 3, 4, "scale-up", 1.4, 0)
@@ -83,3 +83,48 @@ def test_a_finished_report_stays_finished() -> None:
     stored = merge(merge(None, final), _doc(175))  # a late report from a rank that left
     assert stored.finished and stored.accuracy == 0.98 and stored.step == 180
     assert merge(_doc(170), final) == final
+
+
+ERR = ProgressDoc(last_error="worker-1: FileNotFoundError: /data/train.tar")
+
+
+@pytest.mark.parametrize(
+    ("name", "stored", "incoming", "want"),
+    [
+        (
+            "an agent's error report sets lastError and keeps the counters",
+            ProgressDoc(step=7, epoch=1, loss=0.5),
+            ERR,
+            ProgressDoc(step=7, epoch=1, loss=0.5, last_error=ERR.last_error),
+        ),
+        (
+            "a training report without an error keeps the stored one",
+            ProgressDoc(step=7, last_error=ERR.last_error),
+            ProgressDoc(step=8),
+            ProgressDoc(step=8, last_error=ERR.last_error),
+        ),
+        (
+            "a newer error replaces the older",
+            ProgressDoc(step=7, last_error="worker-0: old"),
+            ProgressDoc(last_error="worker-0: new"),
+            ProgressDoc(step=7, last_error="worker-0: new"),
+        ),
+        (
+            "an error report keeps a finished job finished",
+            ProgressDoc(step=9, finished=True, accuracy=0.9),
+            ERR,
+            ProgressDoc(step=9, finished=True, accuracy=0.9, last_error=ERR.last_error),
+        ),
+        ("an error before any report", None, ERR, ERR),
+    ],
+)
+def test_last_error(name: str, stored: ProgressDoc | None, incoming: ProgressDoc, want: ProgressDoc) -> None:
+    assert merge(stored, incoming) == want, name
+
+
+def test_last_error_round_trips_and_is_bounded() -> None:
+    assert ProgressDoc.from_json(ERR.to_json()) == ERR
+    assert "lastError" not in ProgressDoc(step=1).to_json()
+    long = ProgressDoc.from_json({"lastError": "x" * 10_000})
+    assert long.last_error == "x" * MAX_ERROR_CHARS
+    assert ProgressDoc.from_json({"lastError": 3}).last_error is None

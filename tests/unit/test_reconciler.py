@@ -128,7 +128,7 @@ class RecordingKube(KubeClient):
     async def create_pod(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    async def ensure_service(self, *args: Any, **kwargs: Any) -> None:
+    async def ensure(self, *args: Any, **kwargs: Any) -> None:
         return None
 
 

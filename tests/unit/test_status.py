@@ -11,7 +11,7 @@ from etj_contract.progress import ResizeRecord
 from etj_operator.api.models import ResizeEvent
 from etj_operator.decide.job_status import merge_resizes, record_resize
 from etj_operator.decide.planner import plan
-from tests.unit.factories import NOW, cluster, job, observe, started, store, worker
+from tests.unit.factories import NOW, cluster, job, observe, spec, started, status, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]
 
@@ -82,6 +82,20 @@ def test_trainer_resize_enriches_the_operator_record_once() -> None:
     assert len(merged) == 1
     assert (merged[0].reason, merged[0].pause_seconds, merged[0].steps_lost) == ("SpotInterruption", 18.5, 3)
     assert merge_resizes(merged, _records(reported)) == merged  # idempotent on the next poll
+
+
+def test_progress_in_ranks_and_resizes_in_pods_with_two_processes_per_pod() -> None:
+    # The trainer counts ranks (worldSize 4, a 4 -> 2 resize); status counts the resize in worker pods, so
+    # the trainer's record of a pod leaving enriches the operator's 2 -> 1 instead of standing beside it.
+    two = spec(trainer={"image": "trainer:1", "resources": {"gpu": 0}, "procsPerWorker": 2})
+    at = NOW + timedelta(seconds=5)
+    leave = {"time": at.isoformat(), "from": 4, "to": 2, "reason": "scale-down", "pauseSeconds": 0.4}
+    progress = {"step": 20, "worldSize": 2, "perRankBatch": 32, "perWorkerBatch": 64, "resizes": [leave]}
+    ours = status(resizeHistory=[_ev(4, 2, 1, "SpotInterruption").to_dict()])
+    st = plan(job(two, st=ours), observe(cluster(), [worker(0, "spot-0"), store()], progress=progress)).status
+    assert (st.world_size, st.per_rank_batch, st.per_worker_batch) == (2, 32, 64)
+    resizes = [(e.from_, e.to, e.reason, e.pause_seconds) for e in st.resize_history]
+    assert (2, 1, "SpotInterruption", 0.4) in resizes and not [r for r in resizes if r[0] == 4], resizes
 
 
 def test_unmatched_trainer_resize_is_appended_in_time_order() -> None:
@@ -219,3 +233,46 @@ def test_one_entry_per_resize_with_both_sides_fields_whatever_the_order(order: s
         history = merge_resizes(history, [])  # a poll that brings nothing new changes nothing
     got = [(e.from_, e.to, e.reason, e.pause_seconds) for e in history if e.to > 0]
     assert got == [(4, 3, "SpotInterruption", 0.16), (3, 4, "CapacityAdded", 1.4)], order
+
+
+# prev status, workers running now, does the operator read progress -> (from, to, reason) recorded, or None
+TIMELINE: dict[str, tuple[Any, int, bool, tuple[int, int, str] | None]] = {
+    "pods starting before the trainer's first report are not resizes (the first world waits for them)": (
+        started(1, progress=None),
+        3,
+        True,
+        None,
+    ),
+    "once the trainer has reported, a pod arriving resizes the world": (
+        started(3),
+        4,
+        True,
+        (3, 4, "CapacityAdded"),
+    ),
+    "pods exiting after the trainer's finished report are not resizes": (
+        started(4, progress={"step": 180}),
+        0,
+        True,
+        None,
+    ),
+    "an operator that does not read progress cannot tell: every change is recorded": (
+        started(1, progress=None),
+        3,
+        False,
+        (1, 3, "CapacityAdded"),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(TIMELINE), ids=list(TIMELINE))
+def test_which_running_count_changes_are_resizes(case: str) -> None:
+    prev, running, tracked, expected = TIMELINE[case]
+    progress = {"step": 180, "finished": True} if running == 0 else None
+    out = plan(
+        job(st=prev),
+        observe(cluster(), [*RUNNING[:running], store()], progress_tracked=tracked, progress=progress),
+    )
+    got = [(e.from_, e.to, e.reason) for e in out.status.resize_history]
+    assert got == ([expected] if expected else []), got
+    assert out.status.current_replicas == running
+    assert out.events  # the change is still an Event

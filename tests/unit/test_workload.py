@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.decide.workload import rendezvous_pod, rendezvous_service, worker_pod
+from etj_operator.decide.workload import rendezvous_index, rendezvous_pod, rendezvous_service, worker_pod
 from tests.unit.factories import spec
 
 
@@ -57,6 +57,14 @@ def test_worker_env_follows_the_contract() -> None:
         ][0]["env"]
     ]
     assert names.index("ETJ_DATA") > names.index("ETJ_PROGRESS_URL")  # user env after the operator's
+
+
+def test_cpu_pods_run_procs_per_worker_processes() -> None:
+    # gpu: 0 with procsPerWorker: 2 -- two CPU ranks per pod, and no GPU requested
+    pod = _pod(trainer={"image": "t:1", "resources": {"gpu": 0, "cpu": 2}, "procsPerWorker": 2})
+    assert _env(pod)["ETJ_NPROC_PER_WORKER"] == "2"
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"cpu": "2"}
 
 
 def test_worker_command_defaults_to_etj_train_worker() -> None:
@@ -193,8 +201,8 @@ def test_user_required_terms_are_anded_with_the_capacity_rule() -> None:
 
 
 def test_store_runs_on_demand_behind_a_headless_service() -> None:
-    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u")
-    assert pod["metadata"]["name"] == "train-rdzv"
+    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", index=2)
+    assert pod["metadata"]["name"] == "train-rdzv-2"  # the Service, train-rdzv, selects it by label
     container = pod["spec"]["containers"][0]
     assert container["command"] == [
         "etj-train",
@@ -213,3 +221,44 @@ def test_store_runs_on_demand_behind_a_headless_service() -> None:
     svc = rendezvous_service(job="train", namespace="ml", uid="u")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"etj.dev/job": "train", "etj.dev/role": "rendezvous"}
+
+
+def test_store_pod_is_guaranteed_kept_by_karpenter_and_takes_a_priority_class() -> None:
+    # issue 15: the store was Burstable (first evicted under memory pressure) and Karpenter could
+    # consolidate its node away, taking the whole job's rendezvous with it
+    s = spec(placement={"rendezvous": {"priorityClassName": "etj-store"}})
+    pod = rendezvous_pod(s, job="j", namespace="ns", uid="u", image="img")
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert resources["requests"] == resources["limits"] and set(resources["limits"]) == {"cpu", "memory"}
+    assert pod["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert pod["spec"]["priorityClassName"] == "etj-store"
+    assert (
+        "priorityClassName" not in rendezvous_pod(spec(), job="j", namespace="ns", uid="u", image="i")["spec"]
+    )
+
+
+def test_store_disruption_budget_admits_no_eviction_of_the_store_only() -> None:
+    from etj_operator.decide.dataplane import store_disruption_budget
+
+    pdb = store_disruption_budget(job="j", namespace="ns", uid="u")
+    assert pdb["spec"] == {
+        "maxUnavailable": 0,
+        "selector": {"matchLabels": {"etj.dev/job": "j", "etj.dev/role": "rendezvous"}},
+    }
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == "u"
+
+
+@pytest.mark.parametrize(
+    ("pod", "index"),
+    [
+        ("train-rdzv", -1),  # the fixed name of operators before fresh store names
+        ("train-rdzv-0", 0),
+        ("train-rdzv-12", 12),
+        ("train-rdzv-x", None),
+        ("train-rdzv-", None),
+        ("train-worker-1", None),
+        ("other-rdzv-1", None),
+    ],
+)
+def test_rendezvous_index_reads_only_this_jobs_store_names(pod: str, index: int | None) -> None:
+    assert rendezvous_index("train", pod) == index

@@ -74,14 +74,37 @@ WORKER_ID = _var("WORKER_ID", str, "stable worker identity (the pod name)", set_
 RDZV_ENDPOINT = _var("RDZV_ENDPOINT", str, "host:port of the job's rendezvous store (a TCPStore)", set_by=OP)
 RDZV_ID = _var("RDZV_ID", str, "rendezvous run id (the job's uid)", set_by=OP)
 MIN_WORKERS = _var(
-    "MIN_WORKERS", int, "spec.replicas.min (torchrun --nnodes=MIN:)", field="min_workers", set_by=OP
+    "MIN_WORKERS",
+    int,
+    "spec.replicas.min, in pods (torchrun --nnodes=MIN:); the minimum in ranks is this x NPROC_PER_WORKER",
+    field="min_workers",
+    set_by=OP,
 )
 MAX_WORKERS = _var(
-    "MAX_WORKERS", int, "spec.replicas.max (torchrun --nnodes=:MAX)", field="max_workers", set_by=OP
+    "MAX_WORKERS", int, "spec.replicas.max, in pods (torchrun --nnodes=:MAX)", field="max_workers", set_by=OP
 )
-NPROC_PER_WORKER = _var("NPROC_PER_WORKER", int, "processes per worker pod (GPUs, or 1 on CPU)", set_by=OP)
+STARTUP_WORKERS = _var(
+    "STARTUP_WORKERS",
+    int,
+    "workers the job has once this pod's batch exists: a new agent waits (bounded) for that many to arrive"
+    " before its first rendezvous, so the first world forms at that size, not 0->2->4",
+    set_by=OP,
+)
+NPROC_PER_WORKER = _var(
+    "NPROC_PER_WORKER",
+    int,
+    "training processes (ranks) per worker pod: spec.trainer.procsPerWorker (default: GPUs, else 1); "
+    "torchrun --nproc-per-node",
+    field="procs_per_worker",
+    set_by=OP,
+)
 GLOBAL_BATCH_SIZE = _var(
-    "GLOBAL_BATCH_SIZE", int, "samples per optimizer step", field="global_batch_size", flag=True, set_by=OP
+    "GLOBAL_BATCH_SIZE",
+    int,
+    "samples per optimizer step: always (FixedGlobalBatch), or at the minimum in ranks (DynamicSGD)",
+    field="global_batch_size",
+    flag=True,
+    set_by=OP,
 )
 MICRO_BATCH_SIZE = _var(
     "MICRO_BATCH_SIZE",
@@ -107,6 +130,29 @@ SEED = _var("SEED", int, "the training seed", field="seed", flag=True, set_by=OP
 CHECKPOINT_DIR = _var(
     "CHECKPOINT_DIR", Path, "shared checkpoint directory", field="checkpoint_dir", flag=True, set_by=OP
 )
+CHECKPOINT_URI = _var(
+    "CHECKPOINT_URI",
+    str,
+    "object-store checkpoint location (s3://bucket/prefix), used instead of CHECKPOINT_DIR; empty: none",
+    field="checkpoint_uri",
+    flag=True,
+    set_by=OP,
+)
+CHECKPOINT_KEEP = _var(
+    "CHECKPOINT_KEEP",
+    int,
+    "checkpoints kept (older ones deleted)",
+    field="checkpoint_keep",
+    flag=True,
+    set_by=OP,
+)
+TERMINATION_GRACE_SECONDS = _var(
+    "TERMINATION_GRACE_SECONDS",
+    int,
+    "the worker pod's terminationGracePeriodSeconds: the agent gives its workers this, less a margin, to "
+    "checkpoint and exit",
+    set_by=OP,
+)
 CHECKPOINT_INTERVAL_STEPS = _var(
     "CHECKPOINT_INTERVAL_STEPS",
     int,
@@ -118,6 +164,12 @@ CHECKPOINT_INTERVAL_STEPS = _var(
 PROGRESS_URL = _var(
     "PROGRESS_URL", str, "where rank 0 POSTs progress (the rendezvous pod)", field="progress_url", set_by=OP
 )
+# The only operator variable that is not a literal: the pod reads it from the job's Secret (secretKeyRef),
+# so the token never appears in a pod spec. The store requires it on /progress (etj_contract.progress).
+PROGRESS_TOKEN = _var(
+    "PROGRESS_TOKEN", str, "the job's secret for the progress endpoint (from the Secret <job>-etj-token)",
+    set_by=OP,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -253,18 +305,32 @@ DATA_CACHE = _var("DATA_CACHE", Path, "where converted datasets are cached (defa
 COLLECTIVE_TIMEOUT_S = _var(
     "COLLECTIVE_TIMEOUT_S", int, "bound on a collective whose peer vanished, seconds (default 120)"
 )
+PEER_DEAD_AFTER_S = _var(
+    "PEER_DEAD_AFTER_S", float, "a peer whose heartbeat stops this long is lost: recover in place (default 1)"
+)
 LOG_LEVEL = _var("LOG_LEVEL", str, "the elastic agent's log level (default WARNING)")
 # The elastic agent (etj-train worker); docs/trainer.md explains each.
 LAST_CALL_TIMEOUT = _var("LAST_CALL_TIMEOUT", float, "seconds a round below max size waits for stragglers")
 RDZV_POLL_INTERVAL = _var("RDZV_POLL_INTERVAL", float, "seconds between rendezvous state polls")
 KEEP_ALIVE_INTERVAL = _var("KEEP_ALIVE_INTERVAL", int, "seconds between rendezvous keep-alives")
+STARTUP_WAIT_SECONDS = _var(
+    "STARTUP_WAIT_SECONDS", float, "bound on that start-up wait, seconds (default 60)"
+)
 FAST_RESTART = _var(
     "FAST_RESTART", truthy, "0: plain torchrun behaviour (no forkserver, no explicit leave); default on"
+)
+MAX_CRASH_RESTARTS = _var(
+    "MAX_CRASH_RESTARTS",
+    int,
+    "in-pod restarts after crashes without progress before the pod fails (default 3)",
 )
 
 # ---- set by the agent for its workers ------------------------------------------------------------------
 AGENT_STATE_FILE = _var(
     "AGENT_STATE_FILE", Path, "tells workers whether a SIGTERM means leave or restart", set_by=SetBy.AGENT
+)
+JOIN_IN_PLACE = _var(
+    "JOIN_IN_PLACE", truthy, "this worker joins the running world at a step boundary", set_by=SetBy.AGENT
 )
 AGENT_PID = _var("AGENT_PID", int, "the agent's pid: its forkserver dies with it", set_by=SetBy.AGENT)
 

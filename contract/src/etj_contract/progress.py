@@ -9,7 +9,10 @@ document only. Two rules make the channel lossless for what matters:
   stale document cannot take one back;
 - ``finished``/``accuracy`` are sticky: once a finished report is stored, later stale reports cannot unset
   it, and the trainer POSTs that final report synchronously, retrying until the store acknowledges it
-  (``etj_trainer.progress``).
+  (``etj_trainer.progress``);
+- ``lastError`` (the last line of a crashed worker's error, sent by its agent in a report of its own,
+  without a step) stays until a newer error replaces it: an error report changes nothing else, and a
+  training report without one does not clear it (the operator shows it when the step stops advancing).
 
 Wire names are camelCase (JSON); unknown or malformed fields are dropped on parse, never fatal: the channel
 must not break the operator whatever a trainer image sends.
@@ -26,7 +29,24 @@ PROGRESS_PATH = "/progress"
 # How long a finishing rank 0 retries its final report; the operator waits longer than this for it before
 # marking the job Succeeded without it (planner.FINAL_REPORT_GRACE).
 FINAL_REPORT_DEADLINE_S = 60.0
-MAX_RESIZES = 100  # a trainer's history is bounded: the operator keeps fewer (status.resizeHistory) anyway
+MAX_RESIZES = 100
+# The store's HTTP endpoint answers only requests carrying the job's token (ETJ_PROGRESS_TOKEN, from the
+# job's Secret) in this header, as "Bearer <token>"; /healthz stays open for probes. A store started
+# without a token (``etj-train local`` on loopback) accepts any request.
+TOKEN_HEADER = "Authorization"
+TOKEN_SCHEME = "Bearer"
+# Bodies above this size are refused unread (413): a report with MAX_RESIZES records is ~20 KB, and an
+# unbounded body would let one request exhaust the store pod's memory.
+MAX_BODY_BYTES = 256 * 1024
+MAX_ERROR_CHARS = 1024  # lastError is one line, the cause a human reads in the job's status and Events
+
+
+def auth_header(token: str | None) -> dict[str, str]:
+    """The request header that carries ``token``; empty without one."""
+    return {TOKEN_HEADER: f"{TOKEN_SCHEME} {token}"} if token else {}
+
+
+# a trainer's history is bounded: the operator keeps fewer (status.resizeHistory) anyway
 
 
 class TrainerResize(StrEnum):
@@ -38,7 +58,8 @@ class TrainerResize(StrEnum):
 
 @dataclass(frozen=True)
 class ResizeRecord:
-    """One change of the trainer's world size, as the trainer saw it.
+    """One change of the trainer's world size, as the trainer saw it: ``from_``/``to`` count ranks (the
+    operator's status.resizeHistory counts worker pods: ranks / processes per pod).
 
     ``time`` (RFC 3339, UTC) is when the new world finished its first step; ``pauseSeconds`` is the time
     without steps around the change; ``stepsLost`` the steps redone after a restore.
@@ -91,13 +112,17 @@ _WIRE = {
     "samples_per_second": "samplesPerSecond",
     "loss": "loss",
     "world_size": "worldSize",
+    "per_rank_batch": "perRankBatch",
     "per_worker_batch": "perWorkerBatch",
     "accumulation_steps": "accumulationSteps",
     "lr_multiplier": "lrMultiplier",
     "lr": "lr",
     "accuracy": "accuracy",
 }
-_INTS = frozenset({"epoch", "step", "samples_seen", "world_size", "per_worker_batch", "accumulation_steps"})
+_INTS = frozenset(
+    {"epoch", "step", "samples_seen", "world_size", "per_rank_batch", "per_worker_batch"}
+    | {"accumulation_steps"}
+)
 
 
 @dataclass(frozen=True)
@@ -109,15 +134,19 @@ class ProgressDoc:
     samples_seen: int | None = None
     samples_per_second: float | None = None
     loss: float | None = None
-    world_size: int | None = None
-    per_worker_batch: int | None = None
-    accumulation_steps: int | None = None
+    world_size: int | None = None  # ranks (training processes), not pods
+    per_rank_batch: int | None = None  # the largest rank's share of the step
+    per_worker_batch: int | None = None  # the largest pod's share: its ranks' shares together
+    accumulation_steps: int | None = None  # micro-batches of the largest rank's share
     lr_multiplier: float | None = None
     lr: float | None = None  # the LR in force: base x schedule factor (samples seen) x lr_multiplier
     last_checkpoint: dict[str, Any] | None = None  # {step, path, time}
     resizes: tuple[ResizeRecord, ...] = field(default_factory=tuple)
     finished: bool = False
     accuracy: float | None = None  # at the end, on the validation set
+    # The last error line of a crashed training process (the agent reports it when it restarts one); the
+    # operator names it when the step stops advancing (the Progressing condition).
+    last_error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -129,6 +158,8 @@ class ProgressDoc:
             out["lastCheckpoint"] = self.last_checkpoint
         out["resizes"] = [r.to_json() for r in self.resizes]
         out["finished"] = self.finished
+        if self.last_error is not None:
+            out["lastError"] = self.last_error
         return out
 
     @classmethod
@@ -150,6 +181,9 @@ class ProgressDoc:
         if isinstance(resizes, list):
             values["resizes"] = tuple(r for r in map(ResizeRecord.from_json, resizes) if r is not None)
         values["finished"] = raw.get("finished") is True
+        error = raw.get("lastError")
+        if isinstance(error, str) and error.strip():
+            values["last_error"] = error.strip().splitlines()[-1][:MAX_ERROR_CHARS]
         return cls(**values)
 
 
@@ -157,12 +191,15 @@ def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:
     """What the store keeps after ``incoming`` arrives on top of ``stored``.
 
     The newer report wins for the counters, except that a finished report is never replaced by an
-    unfinished one (a late report of a leaving rank cannot un-finish the job), and the resize records are
-    the union of both, in time order, so no report can take one back.
+    unfinished one (a late report of a leaving rank cannot un-finish the job) nor a report with a step by
+    one without (an error-only report), the resize records are the union of both, in time order, so no
+    report can take one back, and the last error stays until a newer one replaces it.
     """
     if stored is None:
         return incoming
-    base = stored if stored.finished and not incoming.finished else incoming
+    # A report without a step (e.g. the agent's error-only report) updates no counters.
+    keep = (stored.finished and not incoming.finished) or (incoming.step is None and stored.step is not None)
+    base = stored if keep else incoming
     seen: dict[tuple[str, int, int], ResizeRecord] = {}
     for record in (*stored.resizes, *incoming.resizes):
         # A record seen twice keeps its fuller copy (a pause known to one report only is not dropped).
@@ -170,7 +207,9 @@ def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:
         if old is None or (old.pause_seconds is None and record.pause_seconds is not None):
             seen[record.key] = record
     resizes = tuple(sorted(seen.values(), key=lambda r: r.time))[-MAX_RESIZES:]
-    return replace(base, resizes=resizes)
+    # The last error is sticky: the operator shows it only while the step stands still.
+    error = incoming.last_error or stored.last_error
+    return replace(base, resizes=resizes, last_error=error)
 
 
 def _count(value: object) -> TypeGuard[int]:
@@ -187,10 +226,15 @@ def _nonneg_number(value: object) -> TypeGuard[int | float]:
 
 __all__ = [
     "FINAL_REPORT_DEADLINE_S",
+    "MAX_BODY_BYTES",
+    "MAX_ERROR_CHARS",
     "MAX_RESIZES",
     "PROGRESS_PATH",
+    "TOKEN_HEADER",
+    "TOKEN_SCHEME",
     "ProgressDoc",
     "ResizeRecord",
     "TrainerResize",
+    "auth_header",
     "merge",
 ]

@@ -18,7 +18,15 @@ things torchrun cannot do from flags (which is why the agent is built here from 
 * on SIGTERM, after its workers have written their just-in-time checkpoint and exited, the agent **leaves
   the rendezvous explicitly** (torch's own exit operation), so survivors re-form the world at once instead
   of waiting for this node's keep-alive to expire. torchrun deliberately does not do this on a signal: it
-  would have to close the rendezvous, which would end the job for everyone.
+  would have to close the rendezvous, which would end the job for everyone;
+* a **lost store is waited out** (store_link.py): the workers train on, and the world re-forms on the
+  operator's replacement store, instead of every agent exiting 1;
+* **crash loops are bounded** (crash_budget.py): crashes without progress are counted and each one's error
+  line goes to the progress document; past the budget the agent exits 1 and the job's failure budget decides;
+* the just-in-time checkpoint gets the pod's grace period (less a margin), not torch's fixed 30 s.
+
+Over ~400 lines: ``run_agent`` is one torch agent subclass and the hooks it needs; the decisions live in
+the modules named above, this file is their wiring.
 """
 
 from __future__ import annotations
@@ -39,6 +47,13 @@ from datetime import timedelta
 from typing import Any
 
 from etj_contract import env as etj_env
+from etj_trainer.crash_budget import (
+    DEFAULT_MAX_CRASHES,
+    EXIT_RESIZE,
+    CrashCount,
+    after_failure,
+    error_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +84,11 @@ def preload_modules(env: Mapping[str, str]) -> list[str]:
     return mods
 
 
+TORCH_SHUTDOWN_TIMEOUT = 30  # torch elastic's default wait for stopping workers
+SHUTDOWN_MARGIN_S = 10  # of the pod's grace period, kept for the agent's exit after its workers
+MIN_SHUTDOWN_TIMEOUT = 5
+
+
 @dataclass
 class AgentConfig:
     endpoint: str
@@ -85,6 +105,12 @@ class AgentConfig:
     join_timeout: int = 600
     external_store: bool = True  # is_host=false: never host the store in a worker (single point of failure)
     fast_restart: bool = True  # forkserver start + explicit leave; False = plain torchrun behaviour
+    max_crashes: int = DEFAULT_MAX_CRASHES  # crash restarts without progress before the pod fails
+    grace_seconds: int | None = None  # the pod's terminationGracePeriodSeconds, when the operator says
+    progress_url: str = ""  # where the agent reads the job's step and reports a crash's error line
+    worker_id: str = ""
+    startup_workers: int = 0  # wait for this many agents before the first rendezvous (startup.py)
+    startup_wait_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -96,11 +122,28 @@ class AgentConfig:
             max_nodes=etj_env.MAX_WORKERS.get(e, 1),
             nproc_per_node=etj_env.NPROC_PER_WORKER.get(e, 1),
             fast_restart=etj_env.FAST_RESTART.get(e, True),
+            max_crashes=etj_env.MAX_CRASH_RESTARTS.get(e, DEFAULT_MAX_CRASHES),
+            progress_url=etj_env.PROGRESS_URL.get(e, ""),
+            worker_id=etj_env.WORKER_ID.get(e, ""),
+            grace_seconds=etj_env.TERMINATION_GRACE_SECONDS.read(e),
         )
         cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
         cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)
         cfg.keep_alive_interval = etj_env.KEEP_ALIVE_INTERVAL.get(e, cfg.keep_alive_interval)
+        cfg.startup_workers = etj_env.STARTUP_WORKERS.get(e, cfg.startup_workers)
+        cfg.startup_wait_s = etj_env.STARTUP_WAIT_SECONDS.get(e, cfg.startup_wait_s)
         return cfg
+
+    @property
+    def shutdown_timeout(self) -> int:
+        """How long the agent waits for its workers' just-in-time checkpoint after a SIGTERM.
+
+        torch's default is 30 s whatever the pod's grace period; the pod's grace (less a margin for the
+        agent's own exit: leaving the rendezvous, at most 5 s) is the real limit: the kubelet SIGKILLs then.
+        """
+        if self.grace_seconds is None:
+            return TORCH_SHUTDOWN_TIMEOUT
+        return max(MIN_SHUTDOWN_TIMEOUT, self.grace_seconds - SHUTDOWN_MARGIN_S)
 
     def rdzv_configs(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -148,21 +191,41 @@ class AgentConfig:
 def worker_entry() -> None:
     """What each worker process runs (RANK, WORLD_SIZE, MASTER_* come from the agent): the built-in
     trainer, or the script of ``ETJ_SCRIPT`` (a JSON argv) written on ``etj_trainer.elastic``."""
+    _recorded(join_in_place=False)
+
+
+def join_worker_entry(local_rank: int, nproc: int) -> None:
+    """A worker of a node that joins the running world in place (started by this agent, not torch's)."""
+    os.environ.update(
+        {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(nproc), etj_env.JOIN_IN_PLACE.name: "1"}
+    )
+    _recorded(join_in_place=True)
+
+
+def _recorded(join_in_place: bool) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # record: an exception's "Type: message" reaches the agent (its error file), which reports it.
+    record(_worker)(join_in_place)
+
+
+def _worker(join_in_place: bool) -> None:
     from etj_trainer.lifetime import die_with_parent
 
     die_with_parent()  # first of all: a worker whose forkserver or agent is gone must not train on
     import torch
     import torch.distributed as dist
 
-    from etj_trainer import elastic
+    from etj_trainer import elastic, group_sockets
     from etj_trainer.config import TrainConfig
     from etj_trainer.regroup import collective_timeout
     from etj_trainer.trainer import EXIT_RESIZE, train
 
     stop = elastic.StopFlag().install()  # a SIGTERM during start-up must still end in a checkpoint
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, timeout=collective_timeout())
+    if not join_in_place:  # a joiner forms its first group when the world admits it (join.py)
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        group_sockets.init(backend, timeout=collective_timeout())
     script = etj_env.SCRIPT.get(os.environ, "")
     if script:
         run_script(json.loads(script))
@@ -217,6 +280,30 @@ def _noop() -> None:
     pass
 
 
+class CrashLoop(Exception):
+    """The workers crashed more often in a row, without progress, than the budget allows."""
+
+
+def _job_progress(url: str) -> tuple[int, int] | None:
+    """(epoch, step) of the job's progress document; None when it cannot be read."""
+    from etj_trainer.progress import get_json
+
+    doc = get_json(url, timeout=2.0) if url else None
+    if not doc or not isinstance(doc.get("step"), int):
+        return None
+    epoch = doc.get("epoch")
+    return (epoch if isinstance(epoch, int) else 0, doc["step"])
+
+
+def _report_error(url: str, line: str) -> None:
+    """Best effort: the operator shows the last error when the job stops advancing."""
+    from etj_trainer.progress import post_json
+
+    if url:
+        with contextlib.suppress(OSError):
+            post_json(url, {"lastError": line}, timeout=2.0)
+
+
 def patch_rendezvous_poll(interval: float) -> bool:
     """Make torch's rendezvous poll its state every ``interval`` s instead of its hard-coded 1 s.
 
@@ -240,8 +327,11 @@ def patch_rendezvous_poll(interval: float) -> bool:
     return True
 
 
-def make_rendezvous_handler(cfg: AgentConfig) -> Any:
-    """torch's c10d DynamicRendezvousHandler, built directly so ``last_call`` can be sub-second."""
+def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
+    """torch's c10d DynamicRendezvousHandler, built directly so ``last_call`` can be sub-second.
+
+    Returns the handler and its store client (the start-up wait counts agents on it).
+    """
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
@@ -249,7 +339,7 @@ def make_rendezvous_handler(cfg: AgentConfig) -> Any:
     )
 
     backend, store = create_backend(cfg.rendezvous_parameters())
-    return DynamicRendezvousHandler.from_backend(
+    handler = DynamicRendezvousHandler.from_backend(
         cfg.run_id,
         store,
         backend,
@@ -261,6 +351,7 @@ def make_rendezvous_handler(cfg: AgentConfig) -> Any:
         keep_alive_interval=cfg.keep_alive_interval,
         keep_alive_max_attempt=cfg.keep_alive_max_attempt,
     )
+    return handler, store
 
 
 def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
@@ -287,6 +378,60 @@ def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
     return t
 
 
+def _set_min_nodes(handler: Any, n: int) -> bool:
+    """torch's rendezvous settings are frozen and private; its join op reads ``min_nodes`` on every poll."""
+    try:
+        object.__setattr__(handler._settings, "min_nodes", n)
+        return True
+    except Exception as e:  # guarded: the last call alone decides the first round then
+        log.warning("could not set the rendezvous' min_nodes: %s", e)
+        return False
+
+
+def first_round_min_nodes(handler: Any, n: int, job_min: int, bound_s: float) -> None:
+    """The first round completes only with ``n`` nodes, for at most ``bound_s`` (then the job's minimum)."""
+    if n > job_min and _set_min_nodes(handler, n):
+        timer = threading.Timer(bound_s, _set_min_nodes, args=(handler, job_min))
+        timer.daemon = True
+        timer.start()
+
+
+def run_joiners(cfg: AgentConfig) -> int | None:
+    """This node's workers join the running world in place (join.py); torch elastic's agent is not used,
+    so no other agent restarts its workers. Returns the exit code, or None: take the restart path."""
+    ctx = multiprocessing.get_context("forkserver")
+    procs = [
+        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node)) for i in range(cfg.nproc_per_node)
+    ]
+    stopping: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.append(signum)  # the pod is leaving: the workers leave at a step boundary (stop code)
+        for p in procs:
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+
+    old = signal.signal(signal.SIGTERM, forward)
+    try:
+        print(f"etj-train worker: joining the running world in place at {time.time():.3f}", flush=True)
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    codes = [p.exitcode for p in procs]
+    if stopping:
+        return 128 + stopping[0]
+    if all(c == 0 for c in codes):
+        return 0
+    print(
+        f"etj-train worker: in-place join ended with exit codes {codes}; joining the rendezvous", flush=True
+    )
+    return None
+
+
 def run_agent(cfg: AgentConfig) -> int:
     # Without this, an agent that stays group rank 0 across rounds does not re-publish MASTER_ADDR for the
     # new round and a joining agent waits forever for it (seen here on a 1->2 scale-up, torch 2.14).
@@ -301,25 +446,77 @@ def run_agent(cfg: AgentConfig) -> int:
         os.environ[etj_env.AGENT_STATE_FILE.name] = state_file
         warmup = start_forkserver(os.environ)
 
-    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
+    from etj_trainer.join import door_open
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
+    from etj_trainer.store_link import STORE_ERRORS, ReconnectingRendezvous
 
     start_method = "spawn"
     if warmup is not None:
         warmup.join()  # join the rendezvous only when a worker can start with a fork
         start_method = "forkserver"
         patch_rendezvous_poll(cfg.rdzv_poll_interval)
-        handler = make_rendezvous_handler(cfg)
+        first, store = make_rendezvous_handler(cfg)
+        if cfg.startup_workers > 1:
+            from etj_trainer.startup import wait_for_startup_peers
+
+            wait = wait_for_startup_peers(store, cfg.run_id, cfg.startup_workers, cfg.startup_wait_s)
+            print(
+                f"etj-train worker: start-up: {wait.arrived} of {wait.expected} workers arrived"
+                f" after {wait.waited_s:.2f} s",
+                flush=True,
+            )
+        # Read once (each read is a store connection): a running world admits joiners at a step boundary.
+        if door_open(cfg.endpoint, cfg.run_id):
+            rc = run_joiners(cfg)
+            if rc is not None:
+                return rc
+        elif cfg.startup_workers > 1 and wait.complete:
+            # The first round also waits for all of them (bounded), not the last call only: on a busy
+            # node an agent that has arrived can take longer than the last call to join the round.
+            first_round_min_nodes(
+                first, min(cfg.startup_workers, cfg.max_nodes), cfg.min_nodes, cfg.startup_wait_s
+            )
     else:
-        handler = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
+        first = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
+    # Store loss is waited out, never an agent failure (store_link.py): later handlers are built the same way.
+    handler = ReconnectingRendezvous(
+        (lambda: make_rendezvous_handler(cfg)[0])
+        if warmup is not None
+        else (lambda: rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())),
+        cfg.endpoint,
+        join_timeout=cfg.join_timeout,
+        first=first,
+    )
+
+    crashes = CrashCount()
 
     class EtjAgent(LocalElasticAgent):
+        last_result: Any = None
+
+        def _monitor_workers(self, worker_group: Any) -> Any:
+            self.last_result = super()._monitor_workers(worker_group)
+            return self.last_result
+
+        def _rendezvous(self, worker_group: Any) -> None:
+            # The store can go between the round and the rank assignment torch does on it: wait for the
+            # new store and join its round (the handler waits), instead of failing the agent.
+            while True:
+                try:
+                    super()._rendezvous(worker_group)
+                    break
+                except STORE_ERRORS as e:
+                    handler.store_lost(e)
+            _set_min_nodes(handler.inner, cfg.min_nodes)  # later rounds (the restart path): the job's minimum
+
         def _restart_workers(self, worker_group: Any) -> None:
+            if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self.last_result:
+                count_crash(self.last_result.failures)
             # Our workers must stop *for a restart*, not survive in place: say so before signalling.
             write_agent_state(state_file, AGENT_RESTARTING)
             super()._restart_workers(worker_group)
@@ -332,6 +529,30 @@ def run_agent(cfg: AgentConfig) -> int:
             if not cfg.external_store:
                 super()._exit_barrier()  # type: ignore[no-untyped-call]  # torch's, untyped
 
+    def count_crash(failures: Mapping[int, Any]) -> None:
+        """Bound crash loops (crash_budget.py): report the error line; past the budget, give up."""
+        nonlocal crashes
+        verdict = after_failure(
+            crashes,
+            [f.exitcode for f in failures.values()],
+            _job_progress(cfg.progress_url),
+            store_lost=handler.lost,
+            max_crashes=cfg.max_crashes,
+        )
+        crashes = verdict.count
+        if not verdict.crash:
+            return
+        failed = [f for f in failures.values() if f.exitcode not in (0, EXIT_RESIZE)]
+        line = error_line(failed[0].message if failed else "", cfg.worker_id)
+        print(
+            f"etj-train worker: crash {crashes.in_a_row} without progress: {line}",
+            file=sys.stderr,
+            flush=True,
+        )
+        _report_error(cfg.progress_url, line)
+        if verdict.give_up:
+            raise CrashLoop(line)
+
     spec = WorkerSpec(
         role="trainer",
         local_world_size=cfg.nproc_per_node,
@@ -341,15 +562,35 @@ def run_agent(cfg: AgentConfig) -> int:
         max_restarts=cfg.max_restarts,
         monitor_interval=cfg.monitor_interval,
     )
-    agent = EtjAgent(spec=spec, logs_specs=DefaultLogsSpecs(), start_method=start_method)
+    agent = EtjAgent(
+        spec=spec,
+        logs_specs=DefaultLogsSpecs(),
+        start_method=start_method,
+        shutdown_timeout=cfg.shutdown_timeout,
+    )
     # Wall-clock time: bench/resize_pause.py measures a joiner's pause from this line.
     print(f"etj-train worker: joining the rendezvous at {time.time():.3f}", flush=True)
     try:
         result = agent.run()
+    except CrashLoop as e:
+        print(
+            f"etj-train worker: {cfg.max_crashes + 1} crashes in a row without progress; giving up: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not handler.lost:
+            _leave_rendezvous(handler.inner)  # the others need not wait for our keep-alive to expire
+        # Exit at once: tearing the interpreter down under torch's store threads aborted (SIGABRT, not 1)
+        # in one of the first test runs here, and the exit code is what fails the pod.
+        if state_file:
+            with contextlib.suppress(OSError):
+                os.unlink(state_file)
+        sys.stdout.flush()
+        os._exit(1)
     except SignalException as e:
         # agent.run() has already SIGTERMed the workers and waited for them (they checkpoint first).
-        if cfg.fast_restart:
-            _leave_rendezvous(handler)
+        if cfg.fast_restart and not handler.lost:
+            _leave_rendezvous(handler.inner)
         return 128 + int(e.sigval)
     finally:
         if state_file:

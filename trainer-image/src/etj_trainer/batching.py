@@ -48,35 +48,47 @@ def loss_scale(world_size: int, step_samples: int) -> float:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """What one step looks like at a given world size."""
+    """What one step looks like at a given world size (in ranks)."""
 
     global_batch: int
-    per_worker_batch: int  # the largest share (for reporting)
-    accumulation_steps: int  # of the largest share
+    per_rank_batch: int  # the largest rank's share
+    per_worker_batch: int  # the largest pod's share: its ranks' shares together (for reporting)
+    accumulation_steps: int  # micro-batches of the largest rank's share
     lr_target: float  # LR multiplier the policy asks for at this world size
 
 
 def plan_step(
-    policy: ResizePolicy, global_batch: int, micro_batch: int, world_size: int, min_workers: int
+    policy: ResizePolicy,
+    global_batch: int,
+    micro_batch: int,
+    ranks: int,
+    min_ranks: int,
+    procs_per_worker: int = 1,
 ) -> BatchPlan:
-    """Global batch and LR target for the current world size.
+    """Global batch and LR target for a world of ``ranks`` training processes.
 
-    FixedGlobalBatch keeps ``B`` whatever ``n`` is, so the LR never changes. DynamicSGD keeps the
-    per-worker batch ``b = GLOBAL_BATCH_SIZE // MIN_WORKERS`` and lets ``B = n*b`` follow the world size;
-    the configured LR belongs to ``B = GLOBAL_BATCH_SIZE`` (multiplier 1 at ``n = MIN_WORKERS``), so the
-    target multiplier is ``n*b / GLOBAL_BATCH_SIZE`` (linear scaling) and DynamicSGD ramps towards it.
+    Every count here is in ranks (processes), never pods: a pod runs ``procs_per_worker`` of them, and the
+    job's minimum is ``min_ranks = replicas.min x procs_per_worker``. FixedGlobalBatch keeps ``B =
+    GLOBAL_BATCH_SIZE`` at every size, so the LR never changes. DynamicSGD keeps the per-rank batch ``b =
+    GLOBAL_BATCH_SIZE // min_ranks`` and lets ``B = n*b`` follow the ranks ``n``: ``GLOBAL_BATCH_SIZE`` is the
+    batch at the minimum, the configured LR belongs to it, and the target multiplier is ``n*b /
+    GLOBAL_BATCH_SIZE`` (linear scaling): exactly 1 at the minimum when ``min_ranks`` divides the batch (the
+    operator requires that), and DynamicSGD ramps towards it.
     """
     if policy == ResizePolicy.FIXED_GLOBAL_BATCH:
         b_global = global_batch
         lr_target = 1.0
     else:
-        per_worker = max(1, global_batch // max(1, min_workers))
-        b_global = per_worker * world_size
+        per_rank = max(1, global_batch // max(1, min_ranks))
+        b_global = per_rank * ranks
         lr_target = b_global / global_batch
-    share = split_counts(b_global, world_size)[0]
+    shares = split_counts(b_global, ranks)
+    # torch elastic numbers a pod's ranks consecutively and split_counts gives the extra samples to the
+    # first ranks, so the first pod holds the largest share.
     return BatchPlan(
         global_batch=b_global,
-        per_worker_batch=share,
-        accumulation_steps=max(1, len(micro_batch_sizes(share, micro_batch))),
+        per_rank_batch=shares[0],
+        per_worker_batch=sum(shares[: max(1, procs_per_worker)]),
+        accumulation_steps=max(1, len(micro_batch_sizes(shares[0], micro_batch))),
         lr_target=lr_target,
     )

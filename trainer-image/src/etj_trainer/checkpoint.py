@@ -12,6 +12,9 @@ when the process stops (a stop at a step boundary, the end, a failed collective)
 periodic snapshot -- tensors copied to CPU memory at a step boundary, encoded and written by a background
 thread -- as is the shared copy on its step interval. A step pays nothing but, once per interval, one
 memory copy of the state.
+
+The shared copy goes to a directory (a PVC) or, with ``checkpoint_uri``, to an S3-compatible object store
+(object_store.py): same names, same format, same newest-verified-wins rule.
 """
 
 from __future__ import annotations
@@ -27,9 +30,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from etj_trainer.config import TrainConfig
+    from etj_trainer.object_store import ObjectDir
 
 log = logging.getLogger(__name__)
 
@@ -82,26 +89,30 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.close(dfd)
 
 
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:09d}.pt"
+
+
 def checkpoint_path(directory: Path, step: int) -> Path:
-    return directory / f"ckpt-{step:09d}.pt"
+    return directory / checkpoint_name(step)
+
+
+def _steps(names: list[str]) -> list[tuple[int, str]]:
+    """(step, name) of the checkpoint names among ``names``, newest first (temp and foreign names out)."""
+    return sorted(((int(m.group(1)), n) for n in names if (m := _NAME.match(n))), reverse=True)
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     """(step, path) newest first; temp files and foreign names are ignored."""
     if not directory.is_dir():
         return []
-    found = []
-    for p in directory.iterdir():
-        m = _NAME.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return sorted(found, reverse=True)
+    return [(step, directory / name) for step, name in _steps([p.name for p in directory.iterdir()])]
 
 
 @dataclass
 class LoadedCheckpoint:
     step: int
-    path: Path
+    path: Path | str  # a file, or an object's s3:// URI
     blob: bytes  # the verified file, so it can be sent to peers without re-encoding
     state: dict[str, Any]
 
@@ -124,13 +135,57 @@ def prune(directory: Path, keep: int) -> None:
         path.unlink(missing_ok=True)
 
 
-class CheckpointStore:
-    """A shared (PVC) directory written on an interval / on demand, plus an optional fast local copy."""
+def load_latest_object(objects: ObjectDir) -> LoadedCheckpoint | None:
+    """``load_latest`` for an object store: the newest object that verifies."""
+    try:
+        found = _steps(objects.names())
+    except Exception as e:  # an unreachable store must not stop a restore from the local copy
+        log.warning("cannot list checkpoints in %s: %s", objects, e)
+        return None
+    for step, name in found:
+        try:
+            blob = objects.read(name)
+            state = decode(blob)
+        except Exception as e:  # network, missing object, corrupt payload: try the next
+            log.warning("skipping unusable checkpoint %s%s: %s", objects, name, e)
+            continue
+        return LoadedCheckpoint(step=step, path=f"{objects}{name}", blob=blob, state=state)
+    return None
 
-    def __init__(self, shared_dir: Path | None, local_dir: Path | None, keep: int = 3) -> None:
-        self.shared_dir = shared_dir
+
+def prune_objects(objects: ObjectDir, keep: int) -> None:
+    for _, name in _steps(objects.names())[keep:]:
+        objects.delete(name)
+
+
+class CheckpointStore:
+    """A shared copy (a PVC directory, or an object store) written on an interval / on demand, plus an
+    optional fast local copy."""
+
+    def __init__(
+        self,
+        shared_dir: Path | None,
+        local_dir: Path | None,
+        keep: int = 3,
+        shared_objects: ObjectDir | None = None,
+    ) -> None:
+        self.shared_dir = None if shared_objects is not None else shared_dir
+        self.shared_objects = shared_objects
         self.local_dir = local_dir
         self.keep = keep
+
+    @classmethod
+    def for_config(cls, cfg: TrainConfig) -> CheckpointStore:
+        objects = None
+        if cfg.checkpoint_uri:
+            from etj_trainer.object_store import ObjectDir
+
+            objects = ObjectDir(cfg.checkpoint_uri)
+        return cls(cfg.checkpoint_dir, cfg.local_checkpoint_dir, cfg.checkpoint_keep, objects)
+
+    @property
+    def durable(self) -> bool:
+        return self.shared_dir is not None or self.shared_objects is not None
 
     def save(self, state: dict[str, Any], step: int, shared: bool, local: bool = True) -> bytes:
         blob = encode(state)
@@ -138,11 +193,16 @@ class CheckpointStore:
             if directory is not None and wanted:
                 write_atomic(checkpoint_path(directory, step), blob)
                 prune(directory, self.keep)
+        if self.shared_objects is not None and shared:
+            self.shared_objects.write(checkpoint_name(step), blob)
+            prune_objects(self.shared_objects, self.keep)
         return blob
 
     def latest(self) -> LoadedCheckpoint | None:
         """Newest verified checkpoint across the local and the shared copy."""
         candidates = [c for d in (self.local_dir, self.shared_dir) if d is not None if (c := load_latest(d))]
+        if self.shared_objects is not None and (c := load_latest_object(self.shared_objects)):
+            candidates.append(c)
         return max(candidates, key=lambda c: c.step, default=None)
 
 
@@ -215,7 +275,7 @@ class StateWriter:
             self._thread = None
 
     def _write(self, state: dict[str, Any], step: int, shared: bool, local: bool) -> None:
-        if (shared and self.store.shared_dir is not None) or (local and self.store.local_dir is not None):
+        if (shared and self.store.durable) or (local and self.store.local_dir is not None):
             self.store.save(state, step, shared=shared, local=local)
             self.written.append((step, shared, local))
 

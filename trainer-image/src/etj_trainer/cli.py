@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     lo.add_argument("--nodes", type=int, default=2)
     lo.add_argument("--max-nodes", type=int, default=0, help="rendezvous max (default: peak of the schedule)")
     lo.add_argument(
+        "--procs-per-node",
+        type=int,
+        default=1,
+        help="training processes (ranks) per node, like a pod's procsPerWorker (default 1)",
+    )
+    lo.add_argument(
         "--schedule", default="", help="e.g. 20:+1,40:-2,60:!1 (step:+K start, -K SIGTERM, !K SIGKILL)"
     )
     lo.add_argument("--log-dir", type=Path, default=Path("etj-local-logs"))
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             **_train_env(ns),
             **_script_env(ns.script),
         }
-        return local_main(ns.nodes, ns.schedule, env, ns.log_dir)
+        return local_main(ns.nodes, ns.schedule, env, ns.log_dir, procs_per_node=ns.procs_per_node)
     if ns.cmd == "train":
         import os
 

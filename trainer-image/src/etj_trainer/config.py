@@ -25,8 +25,9 @@ class TrainConfig:
     micro_batch_size: int = 64
     resize_policy: ResizePolicy = ResizePolicy.FIXED_GLOBAL_BATCH
     dsgd_ramp_steps: int = 100
-    min_workers: int = 1
+    min_workers: int = 1  # pods (replicas.min); batches and the regroup minimum count ranks: min_ranks
     max_workers: int = 1
+    procs_per_worker: int = 1  # ranks per pod (ETJ_NPROC_PER_WORKER; unset: torchrun's LOCAL_WORLD_SIZE)
     epochs: int = 1
     max_steps: int = 0  # stop after this many global steps (0 = run all epochs)
     seed: int = 0
@@ -49,6 +50,10 @@ class TrainConfig:
     val_resize: int = 0  # validation: shorter side resized to this, then center crop (0: image_size)
     sync_batchnorm: bool = False
     checkpoint_dir: Path | None = None
+    checkpoint_uri: str | None = (
+        None  # s3://bucket/prefix: the shared copy goes there instead (object_store.py)
+    )
+    checkpoint_keep: int = 3
     checkpoint_interval_steps: int = 100
     # node-local copy, e.g. /dev/shm/etj-<job>: written when the process stops, and snapshotted in the
     # background every local_snapshot_interval_s (checkpoint.StateWriter)
@@ -83,6 +88,9 @@ class TrainConfig:
             value = var.read(e)
             if value is not None and var.field is not None:
                 values[var.field] = value
+        if "procs_per_worker" not in values and e.get("LOCAL_WORLD_SIZE"):
+            # Under a plain `torchrun --nproc-per-node N` (no etj agent): its processes per node.
+            values["procs_per_worker"] = int(e["LOCAL_WORLD_SIZE"])
         cfg = cls(**values)
         rdzv_id = etj_env.RDZV_ID.read(e)
         if cfg.local_checkpoint_dir is None and rdzv_id is not None and Path("/dev/shm").is_dir():
@@ -92,6 +100,11 @@ class TrainConfig:
         for k, val in overrides.items():
             setattr(cfg, k, val)
         return cfg
+
+    @property
+    def min_ranks(self) -> int:
+        """The job's minimum in ranks (training processes): replicas.min x processes per pod."""
+        return self.min_workers * self.procs_per_worker
 
     def schedule(self) -> LrSchedule:
         """The LR schedule (validated: warm-up shorter than training, milestones inside it)."""

@@ -15,6 +15,10 @@ that: the jump beat the two-way ramp on final loss (docs/dynamic-sgd.md).
 multiplier``. An LR schedule composes through ``set_schedule_factor`` (the trainer sets it before every
 step from schedule.py's ``lr_factor`` of the samples seen), not by writing ``lr``: the schedule says where
 in training we are, the multiplier how large the batch is now, and the LR in force is their product.
+
+The trainer's targets come from ``batching.plan_step``: the base LR belongs to the batch at the job's
+minimum in *ranks* (replicas.min x processes per pod), so the target is ``ranks / min_ranks`` -- exactly 1
+at the minimum however many processes a pod runs.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """``etj-train local``: elasticity on a laptop.
 
 Starts ``etj-train store`` and N ``etj-train worker`` agents on loopback (exactly what the operator starts
-as pods), then follows the progress channel and changes membership at given steps. Schedule syntax, comma
-separated ``STEP:ACTION``: ``+K`` start K agents, ``-K`` SIGTERM the K newest agents (a graceful spot
-notice), ``!K`` SIGKILL them (a hard loss). Example: ``--nodes 2 --schedule 20:+1,40:-2,60:+1``.
+as pods), each running ``--procs-per-node`` training processes (ranks; a pod's ``procsPerWorker``), then
+follows the progress channel and changes membership at given steps. Schedule syntax, comma separated
+``STEP:ACTION``, counted in nodes (all of a node's ranks come and go together): ``+K`` start K agents,
+``-K`` SIGTERM the K newest agents (a graceful spot notice), ``!K`` SIGKILL them and everything they
+started (a hard loss). Example: ``--nodes 2 --procs-per-node 2 --schedule 20:+1,40:-2,60:+1``. The
+schedule starts once the first N nodes all train together: on a busy machine the world may first form
+with fewer (the others join in a resize of their own), and a ``-1`` must not hit a node still starting.
 """
 
 from __future__ import annotations
@@ -24,12 +28,17 @@ from etj_contract import env as etj_env
 from etj_trainer.progress import get_json
 
 
-def launch_store(log: Path | None = None) -> tuple[subprocess.Popen[bytes], int, int]:
-    """Start `etj-train store` on free loopback ports; return the process, store port and HTTP port."""
-    port, http_port = free_port(), free_port()
+def launch_store(
+    log: Path | None = None, port: int = 0, http_port: int = 0
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start `etj-train store` on loopback (free ports unless given); return the process and its ports.
+
+    Given ports: a replacement store at the address the agents already hold, as the operator's new store
+    pod is behind the Service name they hold."""
+    port, http_port = port or free_port(), http_port or free_port()
     cmd = [sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1",
            "--port", str(port), "--http-port", str(http_port)]  # fmt: skip
-    out = open(log, "wb") if log is not None else None  # noqa: SIM115 - the child owns it
+    out = open(log, "ab") if log is not None else None  # noqa: SIM115 - the child owns it
     try:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
     finally:
@@ -135,17 +144,24 @@ def run_local(
     train_env: dict[str, str],
     log_dir: Path,
     timeout_s: float = 900,
+    stagger_s: float = 0.0,
+    procs_per_node: int = 1,
 ) -> dict[str, object]:
-    """Run a job; returns the last progress document (plus the applied events)."""
+    """Run a job of ``nodes`` agents x ``procs_per_node`` ranks; returns the last progress document (plus
+    the applied events and the agents' exit codes).
+
+    ``stagger_s``: seconds between the initial nodes' starts (pods that are scheduled apart).
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
     env = {
         **os.environ,
         etj_env.JOB_NAME.name: "local",
         etj_env.RDZV_ID.name: run_id,
-        etj_env.NPROC_PER_WORKER.name: "1",
+        etj_env.NPROC_PER_WORKER.name: str(procs_per_node),
         etj_env.MIN_WORKERS.name: "1",
         etj_env.MAX_WORKERS.name: str(max(nodes, 1)),
+        etj_env.STARTUP_WORKERS.name: str(nodes),  # the first world forms with all of them (startup.py)
         **train_env,
     }
     env.setdefault(etj_env.CHECKPOINT_DIR.name, str(log_dir / "checkpoints"))
@@ -155,15 +171,19 @@ def run_local(
     last: dict[str, object] = {}
     try:
         cluster.start_store()
-        for _ in range(nodes):
+        for i in range(nodes):
+            if i and stagger_s:
+                time.sleep(stagger_s)  # the scenario: this node starts later
             cluster.start_agent()
         deadline = time.monotonic() + timeout_s
+        full = False  # the first `nodes` have trained together: the schedule may start
         while cluster.alive() and time.monotonic() < deadline:
             doc = get_json(cluster.progress_url) or {}
             if doc:
                 last = doc
             step = int(doc.get("step", 0) or 0)
-            while pending and step >= pending[0].step:
+            full = full or int(doc.get("worldSize", 0) or 0) >= nodes * procs_per_node
+            while full and pending and step >= pending[0].step:
                 cluster.apply(pending.pop(0))
             time.sleep(0.1)
         last = get_json(cluster.progress_url) or last
@@ -176,7 +196,7 @@ def run_local(
     return {**last, "agentExitCodes": codes, "events": cluster.events}
 
 
-def main(nodes: int, schedule: str, train_env: dict[str, str], log_dir: Path) -> int:
-    result = run_local(nodes, parse_schedule(schedule), train_env, log_dir)
+def main(nodes: int, schedule: str, train_env: dict[str, str], log_dir: Path, procs_per_node: int = 1) -> int:
+    result = run_local(nodes, parse_schedule(schedule), train_env, log_dir, procs_per_node=procs_per_node)
     print(json.dumps(result, indent=2))
     return 0 if result.get("finished") else 1

@@ -11,31 +11,56 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import urllib.request
 from typing import Any
 
-from etj_contract.progress import FINAL_REPORT_DEADLINE_S
+from etj_contract import env as etj_env
+from etj_contract.progress import FINAL_REPORT_DEADLINE_S, MAX_ERROR_CHARS, auth_header
 
 log = logging.getLogger(__name__)
 
 
-def post_json(url: str, payload: dict[str, Any], timeout: float = 2.0) -> None:
-    req = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+def _headers(token: str | None) -> dict[str, str]:
+    """The job's token (default ``$ETJ_PROGRESS_TOKEN``, which the operator sets from the job's Secret)."""
+    return auth_header(etj_env.PROGRESS_TOKEN.read(os.environ) if token is None else token)
+
+
+def post_json(url: str, payload: dict[str, Any], timeout: float = 2.0, token: str | None = None) -> None:
+    headers = {"Content-Type": "application/json", **_headers(token)}
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers=headers, method="POST")
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         resp.read()
 
 
-def get_json(url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+def get_json(url: str, timeout: float = 2.0, token: str | None = None) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        req = urllib.request.Request(url, headers=_headers(token))
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read() or b"null")
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def report_error(line: str, url: str | None = None, token: str | None = None) -> bool:
+    """Best effort: tell the operator why a training process died (``lastError`` in the progress doc).
+
+    For the agent, when a worker process exits non-zero: the operator names this line when the step stops
+    advancing (the job's Progressing condition). ``url`` defaults to ``$ETJ_PROGRESS_URL``; the token comes
+    from the environment. Whether the store took it.
+    """
+    target = url or etj_env.PROGRESS_URL.read(os.environ)
+    if not target or not line.strip():
+        return False
+    try:
+        post_json(target, {"lastError": line.strip().splitlines()[-1][:MAX_ERROR_CHARS]}, token=token)
+    except OSError as e:
+        log.debug("error report to %s failed: %s", target, e)
+        return False
+    return True
 
 
 class ProgressReporter:

@@ -5,12 +5,19 @@ rank 0 included, never loses the rendezvous state) and a tiny HTTP server for th
 ``POST /progress`` merges the JSON body into the stored document (``etj_contract.progress.merge``: resize
 records accumulate, a finished report stays finished), ``GET /progress`` returns it, ``GET /healthz`` is a
 liveness probe.
+
+Both ``/progress`` verbs require the job's token (``ETJ_PROGRESS_TOKEN``, from the job's Secret) as
+``Authorization: Bearer <token>``, and bodies over ``MAX_BODY_BYTES`` are refused unread: any pod the
+network lets in could otherwise end the job with a forged ``finished`` report or exhaust the store's
+memory (docs/operator.md, "Threat model").
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import os
 import signal
 import socket
 import threading
@@ -19,7 +26,15 @@ from typing import Any
 
 from torch.distributed import TCPStore
 
-from etj_contract.progress import PROGRESS_PATH, ProgressDoc, merge
+from etj_contract import env as etj_env
+from etj_contract.progress import (
+    MAX_BODY_BYTES,
+    PROGRESS_PATH,
+    TOKEN_HEADER,
+    TOKEN_SCHEME,
+    ProgressDoc,
+    merge,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +53,16 @@ class ProgressState:
             return {} if self._doc is None else self._doc.to_json()
 
 
-def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTTPServer:
+def make_http_server(
+    host: str, port: int, state: ProgressState, token: str | None = None
+) -> ThreadingHTTPServer:
+    """The progress endpoint; ``token`` (None or empty: none) is required on ``/progress``."""
+    expected = f"{TOKEN_SCHEME} {token}".encode() if token else None
+
     class Handler(BaseHTTPRequestHandler):
+        # A client that stops sending mid-request must not hold a thread forever.
+        timeout = 10.0
+
         def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
             self.send_response(code)
             self.send_header("Content-Type", ctype)
@@ -47,9 +70,20 @@ def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTT
             self.end_headers()
             self.wfile.write(body)
 
+        def _authorized(self) -> bool:
+            if expected is None:
+                return True
+            given = (self.headers.get(TOKEN_HEADER) or "").encode()
+            if hmac.compare_digest(given, expected):
+                return True
+            self.close_connection = True  # the body (if any) stays unread
+            self._send(401, b'{"error": "missing or wrong token"}')
+            return False
+
         def do_GET(self) -> None:
             if self.path == PROGRESS_PATH:
-                self._send(200, json.dumps(state.get()).encode())
+                if self._authorized():
+                    self._send(200, json.dumps(state.get()).encode())
             elif self.path == "/healthz":
                 self._send(200, b"ok", "text/plain")
             else:
@@ -59,7 +93,18 @@ def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTT
             if self.path != PROGRESS_PATH:
                 self._send(404, b"{}")
                 return
-            length = int(self.headers.get("Content-Length", "0"))
+            if not self._authorized():
+                return
+            raw = self.headers.get("Content-Length")
+            if raw is None or not raw.isdigit():
+                self.close_connection = True
+                self._send(411, b'{"error": "Content-Length required"}')
+                return
+            length = int(raw)
+            if length > MAX_BODY_BYTES:
+                self.close_connection = True
+                self._send(413, b'{"error": "body too large"}')
+                return
             try:
                 doc = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
@@ -77,8 +122,10 @@ def make_http_server(host: str, port: int, state: ProgressState) -> ThreadingHTT
     return ThreadingHTTPServer((host, port), Handler)
 
 
-def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401) -> None:
+def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401, token: str | None = None) -> None:
     """Run the store and the progress server on ``host`` until SIGTERM/SIGINT.
+
+    ``token`` defaults to ``$ETJ_PROGRESS_TOKEN`` (the operator sets it from the job's Secret).
 
     The pod binds its own IP (``--host $(POD_IP)``). TCPStore's libuv server listens on every address
     whatever host it is given, so it gets a socket already bound to ``host`` instead: process-backed pods
@@ -96,7 +143,11 @@ def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401) -> N
         master_listen_fd=fd,
     )
     state = ProgressState()
-    httpd = make_http_server(host, http_port, state)
+    if token is None:
+        token = etj_env.PROGRESS_TOKEN.read(os.environ)
+    if not token:
+        log.warning("no %s: the progress endpoint accepts any client", etj_env.PROGRESS_TOKEN.name)
+    httpd = make_http_server(host, http_port, state, token)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:

@@ -122,6 +122,15 @@ Quantity = Annotated[
 ]
 
 
+def unchanged(name: str) -> str:
+    """CEL: field ``name`` is neither added, removed nor changed by an update.
+
+    Written with has() because the apiserver also checks rules against the schema's ``default: {}``, where
+    nested defaults have not been filled in yet, and because empty lists are absent.
+    """
+    return f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})"
+
+
 def section(cls: type[BaseModel], description: str) -> Any:
     """A nested object that is optional and filled with its own defaults when omitted.
 

@@ -189,7 +189,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "World",
         "type": "integer",
         "jsonPath": ".status.worldSize",
-        "description": "Workers in the current rendezvous round.",
+        "description": "Training processes (ranks) in the current world.",
     },
     {
         "name": "Epoch",

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from etj_operator.api import models as m
+from etj_operator.api.k8s_schema import k8s_schema
 
 _LIMITS = [
     ("minimum", "≥ {}"),
@@ -58,9 +59,20 @@ def _inline(value: Any) -> str:
     return str(value)
 
 
+# Fields whose inner structure is Kubernetes' own (k8s_schema.py): the Kubernetes API reference documents it.
+K8S_FIELDS = {
+    "spec.placement.affinity": "Affinity",
+    "spec.trainer.env[].valueFrom": "EnvVarSource",
+    "spec.trainer.volumes[]": "Volume",
+}
+
+
 def _rows(node: dict[str, Any], prefix: str) -> Iterator[tuple[str, dict[str, Any], bool]]:
     required = set(node.get("required", []))
+    theirs = set(k8s_schema(K8S_FIELDS[prefix])["properties"]) - {"name"} if prefix in K8S_FIELDS else set()
     for name, sub in node.get("properties", {}).items():
+        if name in theirs:
+            continue
         path = f"{prefix}.{name}"
         yield path, sub, name in required
         target = sub.get("items", sub) if sub.get("type") == "array" else sub

@@ -27,6 +27,7 @@ from etj_operator.api._base import (
     cel,
     rules,
     section,
+    unchanged,
 )
 from etj_operator.api.pod import (
     DEFAULT_COMMAND,
@@ -44,6 +45,7 @@ from etj_operator.api.pod import (
     Volume,
     VolumeMount,
     WorkerResources,
+    procs_cel,
 )
 from etj_operator.api.recipe import (
     AugmentationSpec,
@@ -131,6 +133,19 @@ class DynamicSGDSpec(ApiModel):
     )
 
 
+# The recipe fields a running job must not change (globalBatchSize and resizePolicy have rules of their own).
+_FIXED_TRAINING = (
+    "epochs",
+    "seed",
+    "microBatchSize",
+    "precision",
+    "dynamicSGD",
+    "optimizer",
+    "lrSchedule",
+    "augmentation",
+)
+
+
 class TrainingSpec(CheckedModel):
     """Batch sizes, resize policy, length and recipe (optimizer, LR schedule, precision, augmentation)."""
 
@@ -143,14 +158,22 @@ class TrainingSpec(CheckedModel):
                 "training.microBatchSize must not be greater than training.globalBatchSize",
                 field_path=".microBatchSize",
             ),
+            cel(
+                " && ".join(unchanged(f) for f in _FIXED_TRAINING),
+                "training.epochs, seed, microBatchSize, precision, optimizer, lrSchedule, augmentation and "
+                "dynamicSGD are immutable: a change would reach only the workers started after it and mix "
+                "two settings in one job; create a new job to change them",
+            ),
         )
     }
 
     global_batch_size: int = Field(
         ge=1,
         le=1 << 24,
-        description="Samples per optimizer step across all workers. With FixedGlobalBatch it never changes; "
-        "with DynamicSGD it is the batch at replicas.max. Immutable.",
+        description="Samples per optimizer step across all training processes (ranks). FixedGlobalBatch: "
+        "at every size. DynamicSGD: the batch at replicas.min (the LR belongs to it); each rank keeps "
+        "globalBatchSize / (replicas.min x trainer.procsPerWorker) samples and the batch grows with the "
+        "ranks. Immutable.",
         json_schema_extra=rules(
             cel("self == oldSelf", "training.globalBatchSize is immutable; create a new job to change it")
         ),
@@ -158,13 +181,14 @@ class TrainingSpec(CheckedModel):
     micro_batch_size: int = Field(
         ge=1,
         le=1 << 20,
-        description="Largest per-process batch that fits in memory; larger per-worker batches use gradient "
-        "accumulation.",
+        description="Largest per-process (per-rank) batch that fits in memory; larger per-rank shares use "
+        "gradient accumulation.",
     )
     resize_policy: ResizePolicy = Field(
         default=ResizePolicy.FIXED_GLOBAL_BATCH,
-        description="FixedGlobalBatch keeps the global batch and LR (per-worker batch = global / workers); "
-        "DynamicSGD keeps the per-worker batch and scales the LR with a ramp. Immutable.",
+        description="FixedGlobalBatch keeps the global batch and LR (per-rank batch = global / ranks); "
+        "DynamicSGD keeps the per-rank batch and scales the LR with a ramp (multiplier ranks / minimum "
+        "ranks). Immutable.",
         json_schema_extra=rules(
             cel("self == oldSelf", "training.resizePolicy is immutable; create a new job to change it")
         ),
@@ -211,15 +235,6 @@ class PVCRef(ApiModel):
     )
 
 
-def _unchanged(name: str) -> str:
-    """CEL: field ``name`` is neither added, removed nor changed by an update.
-
-    Written with has() because the apiserver also checks rules against the schema's ``default: {}``, where
-    nested defaults have not been filled in yet.
-    """
-    return f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})"
-
-
 class CheckpointSpec(ApiModel):
     """Where and how often checkpoints are written. The location is immutable once the job exists."""
 
@@ -227,7 +242,7 @@ class CheckpointSpec(ApiModel):
         "json_schema_extra": rules(
             cel("!(has(self.pvc) && has(self.uri))", "set checkpoint.pvc or checkpoint.uri, not both"),
             cel(
-                " && ".join(_unchanged(f) for f in ("path", "pvc", "uri")),
+                " && ".join(unchanged(f) for f in ("path", "pvc", "uri")),
                 "checkpoint.pvc, checkpoint.path and checkpoint.uri are immutable; a new location would lose "
                 "the job's progress",
             ),
@@ -258,10 +273,8 @@ class CheckpointSpec(ApiModel):
         default=500, ge=1, le=10_000_000, description="Checkpoint every N optimizer steps."
     )
     keep: int = Field(default=3, ge=1, le=100, description="Number of most recent checkpoints kept.")
-    on_interruption: bool = Field(
-        default=True,
-        description="Checkpoint as soon as a worker's node gets a spot interruption or drain notice.",
-    )
+    # No onInterruption switch: a worker told to stop always writes its just-in-time checkpoint (within
+    # the pod's grace period); turning that off could only lose work.
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:
@@ -271,7 +284,7 @@ class CheckpointSpec(ApiModel):
 
     @property
     def location(self) -> str:
-        """Value of ETJ_CHECKPOINT_DIR: the URI if set, else the directory."""
+        """Where the shared checkpoints go: the URI if set (ETJ_CHECKPOINT_URI), else the directory."""
         return self.uri if self.uri is not None else self.path
 
 
@@ -301,10 +314,27 @@ class FailurePolicy(ApiModel):
     count_interruptions: bool = Field(
         default=False, description="Also count spot interruptions and drains against maxFailures."
     )
+    progress_deadline_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=604_800,
+        description="Seconds the training step may stand still while the job is Ready before the "
+        "Progressing condition turns False (reason ProgressDeadlineExceeded, with a Warning Event naming "
+        "the trainer's last error). 0 disables the check.",
+    )
 
 
-# Training processes per worker in CEL (mirrors ElasticTrainingJobSpec.procs_per_worker).
-_PROCS_CEL = "(self.trainer.resources.gpu > 0 ? self.trainer.resources.gpu : 1)"
+# Training processes (ranks) per worker pod in CEL (mirrors ElasticTrainingJobSpec.procs_per_worker).
+_PROCS_CEL = procs_cel("self.trainer")
+_DSGD_CEL = "has(self.training.resizePolicy) && self.training.resizePolicy == 'DynamicSGD'"
+FIXED_BATCH_TOO_SMALL = (
+    "training.globalBatchSize must be at least one sample per training process at replicas.max "
+    "(replicas.max x trainer.procsPerWorker)"
+)
+DSGD_BATCH_NOT_MULTIPLE = (
+    "with DynamicSGD, training.globalBatchSize is the batch at replicas.min and must be a multiple of the "
+    "training processes there (replicas.min x trainer.procsPerWorker)"
+)
 
 
 class ElasticTrainingJobSpec(ApiModel):
@@ -314,17 +344,25 @@ class ElasticTrainingJobSpec(ApiModel):
         "json_schema_extra": rules(
             cel(
                 # A non-positive batch already has its own error; do not report it twice.
-                "self.training.globalBatchSize < 1 || self.training.globalBatchSize >= self.replicas.max * "
-                + _PROCS_CEL,
-                "training.globalBatchSize must be at least one sample per training process at replicas.max "
-                "(replicas.max x GPUs per worker)",
+                f"self.training.globalBatchSize < 1 || ({_DSGD_CEL}) || "
+                f"self.training.globalBatchSize >= self.replicas.max * {_PROCS_CEL}",
+                FIXED_BATCH_TOO_SMALL,
+                field_path=".training.globalBatchSize",
+            ),
+            cel(
+                f"self.training.globalBatchSize < 1 || !({_DSGD_CEL}) || "
+                f"self.training.globalBatchSize % (self.replicas.min * {_PROCS_CEL}) == 0",
+                DSGD_BATCH_NOT_MULTIPLE,
                 field_path=".training.globalBatchSize",
             ),
         )
     }
 
     trainer: TrainerSpec = Field(description="Container that runs the training on every worker.")
-    replicas: ReplicaRange = Field(description="Elastic range of worker pods.")
+    replicas: ReplicaRange = Field(
+        description="Elastic range of worker pods; in training processes (ranks), replicas x "
+        "trainer.procsPerWorker."
+    )
     training: TrainingSpec = Field(
         description="Batch sizes, resize policy, training length and recipe (optimizer, LR schedule, "
         "precision, augmentation)."
@@ -346,18 +384,28 @@ class ElasticTrainingJobSpec(ApiModel):
 
     @model_validator(mode="after")
     def _check(self) -> ElasticTrainingJobSpec:
-        need = self.replicas.max * self.procs_per_worker
-        if self.training.global_batch_size < need:
-            raise ValueError(
-                f"training.globalBatchSize ({self.training.global_batch_size}) must be at least one sample "
-                f"per training process at replicas.max ({need} = replicas.max x GPUs per worker)"
-            )
+        batch = self.training.global_batch_size
+        if self.training.resize_policy == ResizePolicy.DYNAMIC_SGD:
+            if batch % self.min_ranks:
+                raise ValueError(f"{DSGD_BATCH_NOT_MULTIPLE} ({batch} is not a multiple of {self.min_ranks})")
+        elif batch < self.max_ranks:
+            raise ValueError(f"{FIXED_BATCH_TOO_SMALL} ({batch} < {self.max_ranks})")
         return self
 
     @property
     def procs_per_worker(self) -> int:
-        """ETJ_NPROC_PER_WORKER: one process per GPU, or one on CPU."""
-        return max(1, self.trainer.resources.gpu)
+        """ETJ_NPROC_PER_WORKER: trainer.procsPerWorker, else one process per GPU, or one on CPU."""
+        return self.trainer.procs
+
+    @property
+    def min_ranks(self) -> int:
+        """The job's minimum in training processes: replicas.min x procsPerWorker."""
+        return self.replicas.min * self.procs_per_worker
+
+    @property
+    def max_ranks(self) -> int:
+        """The job's maximum in training processes: replicas.max x procsPerWorker."""
+        return self.replicas.max * self.procs_per_worker
 
 
 class ObjectMeta(ApiModel):

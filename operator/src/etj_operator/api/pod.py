@@ -1,16 +1,22 @@
-"""Worker pod pieces of the spec: trainer container, resources, placement on node pools."""
+"""Worker pod pieces of the spec: trainer container, resources, placement on node pools.
+
+Over ~400 lines because each field carries its CEL rules and documentation (the CRD and docs/api.md are
+generated from here); the pass-through Kubernetes schemas live in k8s_schema.py.
+"""
 
 from __future__ import annotations
 
+import copy
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema, model_validator
 
 from etj_contract import env as etj_env
 from etj_operator.api._base import (
     ABSOLUTE_PATH_RE,
     DNS_LABEL_RE,
+    DNS_SUBDOMAIN_RE,
     ENV_NAME_RE,
     ApiModel,
     Matches,
@@ -18,10 +24,17 @@ from etj_operator.api._base import (
     cel,
     rules,
     section,
+    unchanged,
 )
+from etj_operator.api.k8s_schema import k8s_schema
 
 DEFAULT_COMMAND = ["etj-train", "worker"]
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+MAX_PROCS_PER_WORKER = 64
+PROCS_ABOVE_GPUS = (
+    "trainer.procsPerWorker must not be greater than trainer.resources.gpu (one GPU per training process); "
+    "use gpu: 0 for CPU processes"
+)
 # Variables the operator sets on every worker (etj_contract.env.OPERATOR_SET). Users may not override them;
 # other ETJ_* names (ETJ_DATA, ETJ_MODEL, ETJ_IMAGE_SIZE, ...) are trainer settings users may pass;
 # the recipe (ETJ_LR ... ETJ_VAL_RESIZE) comes from spec.training, so it has one source.
@@ -95,11 +108,10 @@ class EnvVar(ApiModel):
     value: Annotated[str, StringConstraints(max_length=32768)] | None = Field(
         default=None, description="Literal value."
     )
-    value_from: dict[str, Any] | None = Field(
+    value_from: Annotated[dict[str, Any], WithJsonSchema(k8s_schema("EnvVarSource"))] | None = Field(
         default=None,
         description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef), "
-        "passed to the worker container unchanged.",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        "passed to the worker container unchanged; the apiserver validates it with Kubernetes' own schema.",
     )
 
     @model_validator(mode="after")
@@ -121,8 +133,8 @@ class WorkerResources(ApiModel):
         default=1,
         ge=0,
         le=64,
-        description="GPUs per worker pod (requested as gpuResourceName). Each GPU runs one training process; "
-        "0 runs one process on CPU.",
+        description="GPUs per worker pod (requested as gpuResourceName). Each GPU runs one training process "
+        "(trainer.procsPerWorker defaults to it); 0 trains on CPU.",
     )
     gpu_resource_name: Annotated[str, StringConstraints(min_length=1, max_length=253)] = Field(
         default=DEFAULT_GPU_RESOURCE, description="Extended resource name of the GPU device plugin."
@@ -136,24 +148,30 @@ class WorkerResources(ApiModel):
     )
 
 
+_VOLUME_RULES = rules(
+    cel(
+        "!self.name.startsWith('etj-')",
+        "volume names starting with etj- are reserved for the operator's own volumes",
+        field_path=".name",
+    )
+)
+
+
+def _volume_schema(schema: dict[str, Any]) -> None:
+    """Kubernetes' own Volume schema (k8s_schema.py) around our ``name`` field and rules."""
+    k8s = k8s_schema("Volume")
+    schema["properties"] = {**k8s["properties"], "name": schema["properties"]["name"]}
+    schema["required"] = ["name"]
+    schema.pop("additionalProperties", None)
+    schema.update(copy.deepcopy(_VOLUME_RULES))
+
+
 class Volume(ApiModel):
     """A Kubernetes Volume (a name plus one source: persistentVolumeClaim, csi, ...), passed through."""
 
-    # The volume source is Kubernetes' own large union type; it is kept unvalidated here (the pod
-    # creation validates it) instead of copying the whole VolumeSource schema into the CRD.
-    model_config = {
-        "extra": "allow",
-        "json_schema_extra": {
-            "x-kubernetes-preserve-unknown-fields": True,
-            **rules(
-                cel(
-                    "!self.name.startsWith('etj-')",
-                    "volume names starting with etj- are reserved for the operator's own volumes",
-                    field_path=".name",
-                )
-            ),
-        },
-    }
+    # The volume sources are Kubernetes' own; the CRD carries their real schema (k8s_schema.py), so the
+    # apiserver refuses what a pod would refuse. The model keeps them as extra fields, passed through.
+    model_config = {"extra": "allow", "json_schema_extra": _volume_schema}
 
     name: Annotated[
         str,
@@ -188,6 +206,16 @@ class VolumeMount(ApiModel):
     read_only: bool = Field(default=False, description="Mount read-only (e.g. a shared dataset).")
 
 
+def procs_cel(obj: str) -> str:
+    """CEL: the training processes per pod of the TrainerSpec ``obj`` (TrainerSpec.procs, with defaults)."""
+    gpu = f"(has({obj}.resources) && has({obj}.resources.gpu) ? {obj}.resources.gpu : 1)"
+    return f"(has({obj}.procsPerWorker) ? {obj}.procsPerWorker : ({gpu} > 0 ? {gpu} : 1))"
+
+
+# What every worker of one job must run identically (imagePullPolicy may change).
+_FIXED_TRAINER = ("command", "args", "env", "resources", "volumes", "volumeMounts")
+
+
 class TrainerSpec(ApiModel):
     """The container every worker runs."""
 
@@ -199,7 +227,28 @@ class TrainerSpec(ApiModel):
                 "self.volumes.exists(v, v.name == m.name))",
                 "every trainer.volumeMounts[].name must match the name of an entry in trainer.volumes",
                 field_path=".volumeMounts",
-            )
+            ),
+            cel(
+                "!has(self.procsPerWorker) || !has(self.resources) || !has(self.resources.gpu) || "
+                "self.resources.gpu == 0 || self.procsPerWorker <= self.resources.gpu",
+                PROCS_ABOVE_GPUS,
+                field_path=".procsPerWorker",
+            ),
+            cel(
+                # Every pod of a job must run the same number of ranks (torch elastic numbers them per pod).
+                f"{procs_cel('self')} == {procs_cel('oldSelf')}",
+                "the training processes per worker pod (trainer.procsPerWorker, default resources.gpu) are "
+                "immutable; create a new job to change them",
+                field_path=".procsPerWorker",
+            ),
+            cel(
+                # An image may be set once on a job that has none (one waiting with NoTrainerImage).
+                "(!has(oldSelf.image) || (has(self.image) && self.image == oldSelf.image)) && "
+                + " && ".join(unchanged(f) for f in _FIXED_TRAINER),
+                "trainer.image, command, args, env, resources, volumes and volumeMounts are immutable: a "
+                "change would reach only the workers started after it and mix two settings in one job; "
+                "create a new job to change them",
+            ),
         )
     }
 
@@ -231,6 +280,15 @@ class TrainerSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     resources: WorkerResources = section(WorkerResources, "Resources of each worker pod.")
+    procs_per_worker: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_PROCS_PER_WORKER,
+        description="Training processes (ranks) per worker pod (ETJ_NPROC_PER_WORKER, torchrun "
+        "--nproc-per-node). Unset: resources.gpu, or 1 when gpu is 0; set it with gpu: 0 to run several CPU "
+        "processes per pod. Batches and the job's size in ranks count processes: replicas x procsPerWorker. "
+        "Immutable, and so is the count it defaults to (resources.gpu).",
+    )
     volumes: Annotated[list[Volume], Field(max_length=16)] = Field(
         default_factory=list,
         description="Extra volumes of each worker pod (datasets, caches), Kubernetes Volume objects.",
@@ -242,8 +300,16 @@ class TrainerSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
     )
 
+    @property
+    def procs(self) -> int:
+        """Training processes (ranks) per worker pod: procsPerWorker, else one per GPU, or one on CPU."""
+        return self.procs_per_worker if self.procs_per_worker is not None else max(1, self.resources.gpu)
+
     @model_validator(mode="after")
     def _check(self) -> TrainerSpec:
+        procs, gpus = self.procs_per_worker, self.resources.gpu
+        if procs is not None and 0 < gpus < procs:
+            raise ValueError(f"{PROCS_ABOVE_GPUS} (procsPerWorker {procs}, gpu {gpus})")
         # The apiserver rejects these duplicates through the list-type=map keys; mirror that here.
         for label, keys in (
             ("trainer.env name", [e.name for e in self.env]),
@@ -339,6 +405,18 @@ class RendezvousPlacement(ApiModel):
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
         default_factory=list, description="Tolerations of the store pod."
     )
+    priority_class_name: (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=253),
+            Matches(DNS_SUBDOMAIN_RE, "priorityClassName must be a lower-case DNS name"),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="PriorityClass of the store pod, so that the scheduler does not preempt it for other "
+        "work (losing the store costs the job its rendezvous).",
+    )
 
 
 class Placement(ApiModel):
@@ -356,10 +434,9 @@ class Placement(ApiModel):
         default_factory=list,
         description="Tolerations added to every worker pod (e.g. nvidia.com/gpu, spot taints).",
     )
-    affinity: dict[str, Any] | None = Field(
+    affinity: Annotated[dict[str, Any], WithJsonSchema(k8s_schema("Affinity"))] | None = Field(
         default=None,
-        description="A Kubernetes Affinity for worker pods, passed through unchanged (merged with the "
-        "operator's capacity-type rule).",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="A Kubernetes Affinity for worker pods (merged with the operator's capacity-type rule); "
+        "the apiserver validates it with Kubernetes' own schema.",
     )
     rendezvous: RendezvousPlacement = section(RendezvousPlacement, "Placement of the rendezvous store pod.")

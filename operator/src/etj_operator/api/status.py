@@ -44,6 +44,13 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     CAPACITY_AVAILABLE = "CapacityAvailable"  # enough schedulable nodes for replicas.min
+    # The apiserver refused a pod the job needs (ResourceQuota, LimitRange, an admission webhook, Pod
+    # Security): True with reason FailedCreate and the apiserver's message, as a ReplicaSet reports it.
+    REPLICA_FAILURE = "ReplicaFailure"
+    # The training step advances: False once it stood still for failurePolicy.progressDeadlineSeconds while
+    # the job was Ready (a crash loop, a hang); Unknown while the job is not training or progress is unread.
+    PROGRESSING = "Progressing"
+    CHECKPOINT_VOLATILE = "CheckpointVolatile"  # no PVC, no object store: the shared copy dies with the pods
 
 
 class StatusModel(ApiModel):
@@ -80,14 +87,17 @@ class Progress(StatusModel):
     loss: float | None = Field(default=None, description="Recent training loss.")
     accuracy: float | None = Field(default=None, description="Final evaluation accuracy (set at the end).")
     last_update_time: Time | None = Field(default=None, description="When the trainer last reported.")
+    last_step_time: Time | None = Field(
+        default=None, description="When step last changed (the Progressing condition's clock)."
+    )
 
 
 class ResizeEvent(StatusModel):
     """One change of the world size."""
 
     time: Time = Field(description="When the new world size started training.")
-    from_: int = Field(alias="from", ge=0, description="Workers before the resize.")
-    to: int = Field(ge=0, description="Workers after the resize.")
+    from_: int = Field(alias="from", ge=0, description="Worker pods before the resize.")
+    to: int = Field(ge=0, description="Worker pods after the resize.")
     reason: Annotated[str, Field(max_length=256)] = Field(
         default="", description="Why, e.g. SpotInterruption, CapacityAdded, WorkerFailed, ScaledByUser."
     )
@@ -129,12 +139,21 @@ class ElasticTrainingJobStatus(StatusModel):
     selector: Annotated[str, Field(max_length=1024)] | None = Field(
         default=None, description="Label selector of the worker pods (for the scale subresource)."
     )
-    world_size: int | None = Field(default=None, ge=0, description="Workers in the current rendezvous round.")
+    world_size: int | None = Field(
+        default=None,
+        ge=0,
+        description="Training processes (ranks) in the current world: workers x trainer.procsPerWorker.",
+    )
+    per_rank_batch: int | None = Field(
+        default=None, ge=0, description="Samples per rank per optimizer step (the largest share)."
+    )
     per_worker_batch: int | None = Field(
-        default=None, ge=0, description="Samples per worker per optimizer step."
+        default=None,
+        ge=0,
+        description="Samples per worker pod per optimizer step: its ranks' shares together (the largest).",
     )
     accumulation_steps: int | None = Field(
-        default=None, ge=0, description="Gradient accumulation steps per optimizer step on each worker."
+        default=None, ge=0, description="Gradient accumulation steps per optimizer step on each rank."
     )
     lr_multiplier: float | None = Field(
         default=None, ge=0, description="Current learning-rate multiplier (changes under DynamicSGD)."
@@ -146,7 +165,9 @@ class ElasticTrainingJobStatus(StatusModel):
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
     resize_history: Annotated[list[ResizeEvent], Field(max_length=MAX_RESIZE_HISTORY)] = Field(
-        default_factory=list, description=f"The last {MAX_RESIZE_HISTORY} resizes, oldest first."
+        default_factory=list,
+        description=f"The last {MAX_RESIZE_HISTORY} resizes of the running world, oldest first (pods that "
+        "start before the trainer's first report or exit after its finished report are not resizes).",
     )
     last_checkpoint: LastCheckpoint | None = Field(default=None, description="Newest complete checkpoint.")
     failures: int | None = Field(

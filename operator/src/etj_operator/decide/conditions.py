@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from etj_operator.api.models import Condition, ConditionType, Phase, set_condition
+from etj_operator.api.models import Condition, ConditionStatus, ConditionType, Phase, set_condition
 
 
 class ConditionReason(StrEnum):
@@ -34,11 +34,24 @@ class ConditionReason(StrEnum):
     WITHIN_FAILURE_BUDGET = "WithinFailureBudget"
     ENOUGH_CAPACITY = "EnoughCapacity"
     INSUFFICIENT_CAPACITY = "InsufficientCapacity"
+    FAILED_CREATE = "FailedCreate"
+    PODS_CREATED = "PodsCreated"
+    STEP_ADVANCING = "StepAdvancing"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    NOT_TRAINING = "NotTraining"
+    PROGRESS_NOT_READ = "ProgressNotRead"
+    NO_DURABLE_CHECKPOINT = "NoDurableCheckpoint"
+    CHECKPOINT_PVC = "CheckpointPVC"
+    CHECKPOINT_OBJECT_STORE = "CheckpointObjectStore"
 
 
 NO_TRAINER_IMAGE_MESSAGE = (
     "spec.trainer.image is not set and the operator has no default trainer image: set spec.trainer.image, "
     "or the chart's trainer.image (etj operator run --default-trainer-image, ETJ_DEFAULT_TRAINER_IMAGE)"
+)
+VOLATILE_MESSAGE = (
+    "neither checkpoint.pvc nor checkpoint.uri is set: the shared checkpoints live in each pod's emptyDir, "
+    "so losing every worker at once (a whole spot pool) restarts training from step 0"
 )
 PARTIAL_USAGE_NOTE = (
     "counting only GPUs used by pods in the watched namespaces: the operator is namespaced, so GPUs that "
@@ -69,9 +82,17 @@ class JobFacts:
     max_failures: int
     free_slots: int | None  # more workers that would fit now; None: not computed (at least min running)
     partial_usage: bool  # GPU use of other namespaces is invisible (namespaced operator)
+    create_rejection: str | None = None  # the apiserver's refusal of a pod create, while it lasts
+    stalled_seconds: float | None = None  # step standing still while Ready (job_status.stalled_seconds)
+    progress_deadline: int = 0  # failurePolicy.progressDeadlineSeconds (0: no check)
+    progress_tracked: bool = True  # the operator reads the trainer's progress at all
+    step: int | None = None
+    last_error: str | None = None  # the trainer's last error line (progress doc lastError)
+    checkpoint_pvc: str | None = None  # spec.checkpoint.pvc's claim
+    checkpoint_uri: str | None = None  # spec.checkpoint.uri
 
 
-Verdict = tuple[bool, str, str]  # status, reason, message
+Verdict = tuple[bool | ConditionStatus, str, str]  # status, reason, message
 
 
 def _ready(f: JobFacts) -> Verdict:
@@ -130,6 +151,43 @@ def _capacity(f: JobFacts) -> Verdict:
     )
 
 
+def _replica_failure(f: JobFacts) -> Verdict:
+    if f.create_rejection:
+        return True, ConditionReason.FAILED_CREATE, f.create_rejection
+    return False, ConditionReason.PODS_CREATED, ""
+
+
+def _progressing(f: JobFacts) -> Verdict:
+    if f.phase in _PHASE_REASON:
+        return False, _PHASE_REASON[f.phase], f"job is {f.phase}"
+    if not f.progress_tracked or f.progress_deadline <= 0:
+        why = (
+            "the operator does not read progress"
+            if not f.progress_tracked
+            else "progressDeadlineSeconds is 0"
+        )
+        return ConditionStatus.UNKNOWN, ConditionReason.PROGRESS_NOT_READ, why
+    if f.stalled_seconds is None:
+        return ConditionStatus.UNKNOWN, ConditionReason.NOT_TRAINING, "the job is not Ready"
+    at = "no step reported" if f.step is None else f"step {f.step}"
+    if f.stalled_seconds > f.progress_deadline:
+        message = (
+            f"{at}: no progress for {f.stalled_seconds:.0f} s (progressDeadlineSeconds {f.progress_deadline})"
+        )
+        if f.last_error:
+            message += f"; the trainer's last error: {f.last_error}"
+        return False, ConditionReason.PROGRESS_DEADLINE_EXCEEDED, message
+    return True, ConditionReason.STEP_ADVANCING, at
+
+
+def _checkpoint_volatile(f: JobFacts) -> Verdict:
+    if f.checkpoint_uri is not None:
+        return False, ConditionReason.CHECKPOINT_OBJECT_STORE, f"checkpoints go to {f.checkpoint_uri}"
+    if f.checkpoint_pvc is not None:
+        return False, ConditionReason.CHECKPOINT_PVC, f"checkpoints go to the volume claim {f.checkpoint_pvc}"
+    return True, ConditionReason.NO_DURABLE_CHECKPOINT, VOLATILE_MESSAGE
+
+
 # The table, in the order the conditions are listed in status.
 RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
     (ConditionType.READY, _ready),
@@ -138,6 +196,9 @@ RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
     (ConditionType.SUCCEEDED, _succeeded),
     (ConditionType.FAILED, _failed),
     (ConditionType.CAPACITY_AVAILABLE, _capacity),
+    (ConditionType.REPLICA_FAILURE, _replica_failure),
+    (ConditionType.PROGRESSING, _progressing),
+    (ConditionType.CHECKPOINT_VOLATILE, _checkpoint_volatile),
 )
 
 

@@ -17,6 +17,8 @@ from pydantic import ValidationError
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_operator.api.models import (
     MAX_RESIZE_HISTORY,
+    Condition,
+    ConditionType,
     ElasticTrainingJobSpec,
     ElasticTrainingJobStatus,
     LastCheckpoint,
@@ -62,6 +64,8 @@ class StatusInputs:
     progress_time: datetime | None = None
     trainer_image: str | None = None  # what the pods run; None: no image anywhere, nothing can start
     usage_namespaces: tuple[str, ...] = ()  # namespaces whose pods' GPU use free_slots subtracts; (): all
+    create_rejection: str | None = None  # the apiserver refused a pod create (its message), still current
+    progress_tracked: bool = True  # the operator reads the trainer's progress (--progress-seconds > 0)
 
 
 def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
@@ -77,6 +81,21 @@ def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
     )  # a worker stopped without anything we saw telling us why (e.g. deleted by hand)
 
 
+def world_running(inp: StatusInputs) -> bool:
+    """Is a training world running, so that a change in running pods resizes it?
+
+    Pods that start before the first world (0->1->3->4 while the first world waits for them, issue 16) are
+    not resizes of anything, nor are pods exiting after the trainer finished: the timeline would show
+    restarts that never happened. The trainer's first progress report is the proof that a world exists,
+    its finished report that it is over; an operator that does not read progress (--progress-seconds 0)
+    cannot tell, and records every change.
+    """
+    if not inp.progress_tracked:
+        return True
+    finished = inp.succeeded or ProgressDoc.from_json(dict(inp.progress or {})).finished
+    return inp.prev.progress is not None and not finished
+
+
 def _phase(inp: StatusInputs, resizing: bool) -> Phase:
     if inp.failed:
         return Phase.FAILED
@@ -89,8 +108,13 @@ def _phase(inp: StatusInputs, resizing: bool) -> Phase:
     return Phase.RESIZING if resizing else Phase.RUNNING
 
 
-def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: datetime | None) -> None:
-    """Copy the trainer's progress document (etj_contract.progress) into status; drop what does not parse."""
+def _apply_progress(
+    st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: datetime | None, procs_per_worker: int
+) -> None:
+    """Copy the trainer's progress document (etj_contract.progress) into status; drop what does not parse.
+
+    The trainer counts ranks (worldSize, its resize records); status.resizeHistory counts worker pods.
+    """
     doc = ProgressDoc.from_json(dict(data))
     fields = {
         "epoch": doc.epoch,
@@ -103,11 +127,15 @@ def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: d
     try:
         progress = Progress.model_validate({k: v for k, v in fields.items() if v is not None})
         progress.last_update_time = at
+        before = st.progress
+        changed = before is None or before.step != progress.step
+        progress.last_step_time = at if changed else before.last_step_time if before else None
         st.progress = progress
     except ValidationError:
         pass
     for value, attr in (
         (doc.world_size, "world_size"),
+        (doc.per_rank_batch, "per_rank_batch"),
         (doc.per_worker_batch, "per_worker_batch"),
         (doc.accumulation_steps, "accumulation_steps"),
         (doc.lr_multiplier, "lr_multiplier"),
@@ -118,7 +146,7 @@ def _apply_progress(st: ElasticTrainingJobStatus, data: Mapping[str, Any], at: d
     if doc.last_checkpoint is not None:
         with contextlib.suppress(ValidationError):
             st.last_checkpoint = LastCheckpoint.model_validate(doc.last_checkpoint)
-    st.resize_history = merge_resizes(st.resize_history, doc.resizes)
+    st.resize_history = merge_resizes(st.resize_history, doc.resizes, procs_per_worker)
 
 
 # Reasons the trainer puts in its own resize records; the operator's reasons say *why*.
@@ -173,15 +201,21 @@ def _holds(entry: ResizeEvent, rep: ResizeEvent) -> bool:
     )
 
 
-def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[ResizeRecord]) -> list[ResizeEvent]:
+def merge_resizes(
+    history: Sequence[ResizeEvent], reported: Sequence[ResizeRecord], procs_per_worker: int = 1
+) -> list[ResizeEvent]:
     """Merge the trainer's resize records into the operator's: enrich a matching entry, else append.
 
-    Idempotent: an entry that already holds a record is left alone on the next poll.
+    The trainer's records count ranks; they become worker pods here (ranks / procs_per_worker, a pod's ranks
+    come and go together) so they match the operator's records of the same change. Idempotent: an entry
+    that already holds a record is left alone on the next poll.
     """
     out = [e.model_copy() for e in history]
+    per = max(1, procs_per_worker)
     for record in reported:
+        pods = {"from": -(-record.from_ // per), "to": -(-record.to // per)}  # ceil: a partial pod is a pod
         try:
-            rep = ResizeEvent.model_validate({**record.to_json(), "time": parse_time(record.time)})
+            rep = ResizeEvent.model_validate({**record.to_json(), **pods, "time": parse_time(record.time)})
         except ValidationError:
             continue
         if any(_holds(e, rep) for e in out):
@@ -198,7 +232,31 @@ def merge_resizes(history: Sequence[ResizeEvent], reported: Sequence[ResizeRecor
     return out[-MAX_RESIZE_HISTORY:]
 
 
-def _facts(inp: StatusInputs, phase: Phase, resizing: bool, worker_drains: Sequence[Drain]) -> JobFacts:
+def stalled_seconds(inp: StatusInputs, st: ElasticTrainingJobStatus) -> float | None:
+    """How long the step has stood still while the job was Ready; None while it is not Ready.
+
+    The clock starts at the later of the step's last change and the job becoming Ready, so a job that
+    waited for capacity (or its first step) is not stalled by that wait.
+    """
+    if st.phase not in (Phase.RUNNING, Phase.RESIZING) or not inp.rendezvous_running:
+        return None  # not Ready (conditions._ready)
+    ready = next(
+        (c for c in inp.prev.conditions if c.type == ConditionType.READY and c.status == "True"), None
+    )
+    since = ready.last_transition_time if ready is not None else inp.now
+    step_time = st.progress.last_step_time if st.progress else None
+    if step_time is not None and step_time > since:
+        since = step_time
+    return max(0.0, (inp.now - since).total_seconds())
+
+
+def _facts(
+    inp: StatusInputs,
+    st: ElasticTrainingJobStatus,
+    phase: Phase,
+    resizing: bool,
+    worker_drains: Sequence[Drain],
+) -> JobFacts:
     """What the condition rules look at, from this round's inputs."""
     spec = inp.spec
     return JobFacts(
@@ -216,7 +274,23 @@ def _facts(inp: StatusInputs, phase: Phase, resizing: bool, worker_drains: Seque
         max_failures=spec.failure_policy.max_failures,
         free_slots=inp.free_slots,
         partial_usage=bool(inp.usage_namespaces),
+        create_rejection=inp.create_rejection,
+        stalled_seconds=stalled_seconds(inp, st),
+        progress_deadline=inp.spec.failure_policy.progress_deadline_seconds,
+        progress_tracked=inp.progress_tracked,
+        step=st.progress.step if st.progress else None,
+        last_error=ProgressDoc.from_json(dict(inp.progress or {})).last_error,
+        checkpoint_pvc=spec.checkpoint.pvc.claim_name if spec.checkpoint.pvc is not None else None,
+        checkpoint_uri=spec.checkpoint.uri,
     )
+
+
+def _status(conditions: Sequence[Condition], type_: str) -> str | None:
+    return next((str(c.status) for c in conditions if c.type == type_), None)
+
+
+def _message(conditions: Sequence[Condition], type_: str) -> str | None:
+    return next((c.message for c in conditions if c.type == type_ and c.status == "True"), None)
 
 
 def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[KubeEvent]]:
@@ -234,12 +308,13 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     worker_drains = [d for d in inp.drains if d.role == "worker"]
     if inp.running != prev_running:
         reason = _resize_reason(inp, prev_running)
-        st.resize_history = record_resize(
-            st.resize_history,
-            ResizeEvent.model_validate(
-                {"time": now, "from": prev_running, "to": inp.running, "reason": str(reason)}
-            ),
-        )
+        if world_running(inp):
+            st.resize_history = record_resize(
+                st.resize_history,
+                ResizeEvent.model_validate(
+                    {"time": now, "from": prev_running, "to": inp.running, "reason": str(reason)}
+                ),
+            )
         detail = "; ".join(d.message for d in worker_drains)
         events.append(
             KubeEvent(
@@ -264,7 +339,7 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
             )
 
     if inp.progress:
-        _apply_progress(st, inp.progress, inp.progress_time)
+        _apply_progress(st, inp.progress, inp.progress_time, inp.spec.procs_per_worker)
     if inp.trainer_image is not None:
         st.trainer_image = inp.trainer_image
 
@@ -284,10 +359,21 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     if phase in (Phase.SUCCEEDED, Phase.FAILED) and st.completion_time is None:
         st.completion_time = now
 
-    facts = _facts(inp, phase, resizing, worker_drains)
+    facts = _facts(inp, st, phase, resizing, worker_drains)
     conds = build_conditions(st.conditions, facts, generation=gen, now=now)
     no_image = ConditionReason.NO_TRAINER_IMAGE
     if ready_reason(conds) == no_image and ready_reason(inp.prev.conditions) != no_image:
         events.append(KubeEvent("Warning", no_image, NO_TRAINER_IMAGE_MESSAGE))
+    if (
+        _status(conds, ConditionType.PROGRESSING) == "False"
+        and _status(inp.prev.conditions, ConditionType.PROGRESSING) != "False"
+        and phase in (Phase.RUNNING, Phase.RESIZING)
+    ):
+        message = next(c.message for c in conds if c.type == ConditionType.PROGRESSING)
+        events.append(KubeEvent("Warning", ConditionReason.PROGRESS_DEADLINE_EXCEEDED, message))
+    rejected = inp.create_rejection
+    if rejected and rejected != _message(inp.prev.conditions, ConditionType.REPLICA_FAILURE):
+        # Once per distinct refusal, not on every retry of the same one.
+        events.append(KubeEvent("Warning", ConditionReason.FAILED_CREATE, rejected))
     st.conditions = conds
     return st, events

@@ -21,10 +21,11 @@ from etj_operator.api.models import (
 )
 from etj_operator.decide.job_status import StatusInputs, build_status
 from etj_operator.decide.types import Drain, KubeEvent
-from etj_operator.decide.workload import capacity_tolerations
+from etj_operator.decide.workload import capacity_tolerations, rendezvous_index
 from etj_operator.observe.nodes import NodeInfo, fits
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import INTERRUPTIONS, Reason, Signal
+from etj_operator.quantity import MILLI_RESOURCES, parse_milli
 
 # A pod bound to a node the index has never seen is only "on a deleted node" after this long: watches
 # of different resources are not ordered, so a fresh node may reach us after the pod bound to it.
@@ -37,6 +38,10 @@ NOT_READY_GRACE = timedelta(seconds=60)
 # (reconciler.py). Until that report is in status the store is kept and the job is not Succeeded, for at most
 # this long: the accuracy and last resizes live in that report only.
 FINAL_REPORT_GRACE = timedelta(seconds=FINAL_REPORT_DEADLINE_S + 30)
+# Signals that drain workers but leave the store where it is: a cordon alone is often undone, and a drain
+# that follows it is held by the store's PodDisruptionBudget (dataplane.store_disruption_budget); a
+# rebalance recommendation is a hint. The store moves on notices that its node will go away.
+STORE_STAYS_ON = frozenset({Reason.NODE_CORDONED, Reason.REBALANCE_RECOMMENDATION})
 
 
 @dataclass(frozen=True)
@@ -73,14 +78,24 @@ class Observed:
     # How long to wait for the final report once workers exited 0; zero when the operator does not read
     # progress at all (--progress-seconds 0): no report can come.
     final_report_grace: timedelta = FINAL_REPORT_GRACE
+    # The apiserver's message refusing the last pod create (quota, admission), while creates keep failing.
+    create_rejection: str | None = None
+    # Whether the operator reads the trainer's progress at all (--progress-seconds > 0): the Progressing
+    # condition can only be judged from it.
+    progress_tracked: bool = True
 
 
 @dataclass
 class Plan:
     create_workers: list[int] = field(default_factory=list)  # slots; names are <job>-worker-<slot>
+    # Workers the job has once those of create_workers that fit on free capacity now exist: new agents wait
+    # (bounded) for that many before their first rendezvous (etj_trainer/startup.py), so a job's first world
+    # forms at the size already scheduled instead of 0->2->4.
+    startup_workers: int = 0
     drains: list[Drain] = field(default_factory=list)
     ensure_service: bool = False
     create_rendezvous: bool = False
+    rendezvous_index: int = 0  # the new store pod is workload.rendezvous_pod_name(job, index)
     rendezvous_capacity: list[CapacityType] = field(default_factory=list)
     status: ElasticTrainingJobStatus = field(default_factory=ElasticTrainingJobStatus)
     trainer_image: str | None = None  # what new worker and store pods run (None: nothing may be created)
@@ -139,6 +154,7 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
         *(t.to_dict() for t in spec.placement.tolerations),
     ]
     cutoff = obs.now - timedelta(seconds=spec.scaling.scale_up_delay_seconds)
+    demand = worker_demand(spec)
     total = settled = 0
     young: datetime | None = None
     for node in obs.nodes.values():
@@ -149,11 +165,7 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
             continue
         if not fits(node, capacity_types=allowed, node_selector=selector, tolerations=tolerations):
             continue
-        if res.gpu == 0:
-            room = spec.replicas.max  # CPU workers: the scheduler decides; count the node as roomy
-        else:
-            used = obs.node_usage.get(node.name, {}).get(res.gpu_resource_name, 0)
-            room = max(0, node.gpus(res.gpu_resource_name) - used) // res.gpu
+        room = _room(node, demand, obs.node_usage.get(node.name, {}), spec.replicas.max)
         if not room:
             continue
         total += room
@@ -164,8 +176,63 @@ def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
     return FreeCapacity(total, settled, young)
 
 
+def worker_demand(spec: ElasticTrainingJobSpec) -> dict[str, int]:
+    """What one worker pod requests, in NodeInfo.allocatable's units (GPUs whole, cpu/memory in milli)."""
+    res = spec.trainer.resources
+    demand = {res.gpu_resource_name: res.gpu} if res.gpu else {}
+    for key, raw in (("cpu", res.cpu), ("memory", res.memory)):
+        amount = parse_milli(raw) if raw is not None else None
+        if amount:
+            demand[key] = amount
+    return demand
+
+
+def _room(node: NodeInfo, demand: Mapping[str, int], used: Mapping[str, int], most: int) -> int:
+    """How many more workers fit on ``node`` by every resource a worker requests (at most ``most``).
+
+    A node that does not report cpu or memory at all is not limited by it (it cannot be judged); one that
+    lacks a requested extended resource has no room.
+    """
+    room = most
+    for key, need in demand.items():
+        if key not in node.allocatable and key in MILLI_RESOURCES:
+            continue
+        free = max(0, node.allocatable.get(key, 0) - used.get(key, 0))
+        room = min(room, free // need)
+    return room
+
+
 def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:
     return max((e.time for e in status.resize_history), default=None)
+
+
+def _store_drains(rdzv: Sequence[PodInfo], obs: Observed) -> list[Drain]:
+    """Store pods to delete: an interrupted or exited one gracefully, one on a lost node at once.
+
+    A pod on a deleted (or long NotReady) node stays Terminating until its kubelet confirms, which never
+    happens; removing it (grace 0) is what the pod garbage collector would do minutes later.
+    """
+    out: list[Drain] = []
+    for pod in rdzv:
+        sig = interruption_of(pod, obs)
+        if sig is not None and sig.reason in STORE_STAYS_ON:
+            sig = None  # moving the store costs the rendezvous; only a real notice justifies it
+        node_lost = sig is not None and sig.reason in (Reason.NODE_DELETED, Reason.NODE_NOT_READY)
+        if pod.terminating and not node_lost:
+            continue
+        if sig is None and pod.phase not in ("Failed", "Succeeded"):
+            continue
+        why = sig.reason if sig else Reason.WORKER_FAILED
+        message = sig.message if sig else "store pod exited"
+        since = sig.since if sig else None
+        out.append(Drain(pod.name, why, message, pod.node, since, role="rendezvous", force=node_lost))
+    return out
+
+
+def next_rendezvous_index(job: str, rdzv: Sequence[PodInfo]) -> int:
+    """One past every store pod still known (terminating ones included): a name never in use twice."""
+    indices = [i for p in rdzv if (i := rendezvous_index(job, p.name)) is not None]
+    return max(indices, default=-1) + 1
 
 
 def _free_slots(pods: Sequence[PodInfo], count: int) -> list[int]:
@@ -218,6 +285,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         if sig is None:
             out.new_failures += 1
             reason, msg = Reason.WORKER_FAILED, f"worker {pod.name} failed (exit code {pod.exit_code})"
+            if pod.last_line:
+                msg += f": {pod.last_line}"  # the trainer's last log line names the cause
         else:
             # The node went away under it: an interruption, not a crash of the trainer.
             reason, msg = sig.reason, f"worker {pod.name} stopped: {sig.message}"
@@ -227,7 +296,7 @@ def plan(job: JobView, obs: Observed) -> Plan:
     failures += out.new_failures
 
     # 3. Terminal states and suspension: which of them applies, and the workers they stop.
-    finish = _finish(workers, active, obs)
+    finish = _finish(workers, obs)
     if finish.awaiting_report:
         out.requeue(1.0)  # the reconciler re-reads the store each time round
     succeeded = finish.done
@@ -269,11 +338,15 @@ def plan(job: JobView, obs: Observed) -> Plan:
     lazy = _LazyCapacity(spec, obs)
     if creatable:
         out.create_workers = _free_slots(workers, _workers_to_add(job, obs, out, len(survivors), lazy))
+        if out.create_workers:
+            # Only pods with room now: one waiting for the autoscaler must not hold the first world back.
+            placeable = min(len(out.create_workers), lazy.get().total)
+            out.startup_workers = len(survivors) + placeable
 
     # 5. Rendezvous store: one pod per job on capacity that is not reclaimed, behind a headless Service.
     rdzv_spec = spec.placement.rendezvous
     out.rendezvous_capacity = list(rdzv_spec.capacity_types)
-    live_rdzv = [p for p in rdzv if not p.terminating]
+    live_rdzv = [p for p in rdzv if p.active]
     if stop_reason is not None:
         out.drains += [
             Drain(p.name, stop_reason, "rendezvous store not needed", p.node, role="rendezvous")
@@ -281,22 +354,13 @@ def plan(job: JobView, obs: Observed) -> Plan:
         ]
     else:
         out.ensure_service = True
-        for pod in live_rdzv:
-            sig = interruption_of(pod, obs)
-            if sig is not None or pod.phase in ("Failed", "Succeeded"):
-                why = sig.reason if sig else Reason.WORKER_FAILED
-                out.drains.append(
-                    Drain(
-                        pod.name,
-                        why,
-                        sig.message if sig else "store pod exited",
-                        pod.node,
-                        sig.since if sig else None,
-                        role="rendezvous",
-                    )
-                )
-        # Same fixed name: wait until a terminating one is gone.
-        out.create_rendezvous = not rdzv and out.trainer_image is not None
+        out.drains += _store_drains(rdzv, obs)
+        lost = {d.pod for d in out.drains if d.role == "rendezvous"}
+        # A lost store is replaced at once under a fresh name (the agents wait for it and re-form the
+        # world on it: etj_trainer.store_link); nothing waits for the old pod to be gone.
+        if not any(p.name not in lost for p in live_rdzv) and out.trainer_image is not None:
+            out.create_rendezvous = True
+            out.rendezvous_index = next_rendezvous_index(job.name, rdzv)
 
     # 6. Status, events, TTL.
     running = sum(1 for p in survivors if p.running)
@@ -321,7 +385,10 @@ def plan(job: JobView, obs: Observed) -> Plan:
         progress_time=obs.progress_time,
         trainer_image=out.trainer_image,
         usage_namespaces=obs.usage_namespaces,
+        create_rejection=obs.create_rejection,
+        progress_tracked=obs.progress_tracked,
     )
+    # The Progressing deadline needs no timer of its own: the resync (--resync-seconds) re-plans anyway.
     out.status, out.events = build_status(inputs)
     if finish.report_missing and prev.phase != Phase.SUCCEEDED:
         out.events.append(KubeEvent("Warning", FINAL_REPORT_MISSING, finish.report_missing))
@@ -344,18 +411,19 @@ class _Finish:
     report_missing: str = ""  # done without the final report: the Warning's message
 
 
-def _finish(workers: Sequence[PodInfo], active: Sequence[PodInfo], obs: Observed) -> _Finish:
+def _finish(workers: Sequence[PodInfo], obs: Observed) -> _Finish:
     """Has training finished, and has its final report (accuracy, last resizes) been read?
 
-    A worker that exited 0 by itself (not one we are deleting) means training finished. Rank 0 posts the
+    Only a worker that exited 0 by itself (not one we are deleting) finishes the job. Rank 0 posts the
     final report before any worker can exit, so it is normally in the store by then: the job is Succeeded
     once that report is read, or after ``obs.final_report_grace`` without it (with a Warning).
     """
     reported = bool(obs.progress and obs.progress.get("finished"))
     exited = [p for p in workers if p.exited_ok]
     if not exited:
-        # Every worker gone after a finished report (pods deleted before we saw them exit) is done too.
-        return _Finish(done=reported and not any(p.running for p in active))
+        # A report alone never finishes the job: it is only as trustworthy as whoever reached the store
+        # (docs/operator.md, "Threat model"); a worker the operator started must exit 0 as well.
+        return _Finish()
     if reported or obs.final_report_grace <= timedelta(0):
         return _Finish(done=True)
     since = min((p.finished_at for p in exited if p.finished_at is not None), default=None)

@@ -18,6 +18,7 @@ class Drain:
     node: str | None = None
     signal_since: datetime | None = None  # for the interruption → drain latency metric
     role: str = "worker"
+    force: bool = False  # grace 0: the pod's node is gone, no kubelet will ever finish a graceful delete
 
 
 @dataclass(frozen=True)

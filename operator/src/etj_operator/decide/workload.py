@@ -39,6 +39,11 @@ from etj_operator.observe.nodes import CAPACITY_LABELS, SPOT_TAINT_TOLERATIONS
 # the operator's --worker-grace-seconds flag changes it.
 DEFAULT_WORKER_GRACE_SECONDS = 90
 RENDEZVOUS_GRACE_SECONDS = 10
+# The store pod's requests and limits (equal: Guaranteed QoS). The TCPStore and the progress document
+# are small; the cpu is for bursts of keep-alives from large jobs.
+STORE_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
+# Karpenter leaves a node alone while it runs a pod with this annotation (consolidation, drift).
+STORE_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true"}
 NONROOT_UID = 1000
 
 
@@ -47,11 +52,43 @@ def worker_name(job: str, slot: int) -> str:
 
 
 def rendezvous_name(job: str) -> str:
+    """The store's Service (a stable address); its pods are ``rendezvous_pod_name``."""
     return f"{job}-rdzv"
+
+
+def rendezvous_pod_name(job: str, index: int) -> str:
+    """Each replacement store pod gets a fresh name: a lost one may stay Terminating on a dead node, and
+    a fixed name would keep the job without a store until it is gone. The Service selects by label."""
+    return f"{rendezvous_name(job)}-{index}"
+
+
+def rendezvous_index(job: str, pod: str) -> int | None:
+    """The index in a store pod's name; -1 for the fixed name older operators used; None if not ours."""
+    base = rendezvous_name(job)
+    if pod == base:
+        return -1
+    tail = pod.removeprefix(base + "-")
+    return int(tail) if tail != pod and tail.isdigit() else None
 
 
 def rendezvous_host(job: str, namespace: str) -> str:
     return f"{rendezvous_name(job)}.{namespace}.svc"
+
+
+def token_secret_name(job: str) -> str:
+    return f"{job}-etj-token"
+
+
+# The key of the job's Secret that holds the progress token.
+TOKEN_KEY = "token"
+
+
+def token_env(job: str) -> dict[str, Any]:
+    """ETJ_PROGRESS_TOKEN read from the job's Secret: pods name the Secret, never the value."""
+    return {
+        "name": etj_env.PROGRESS_TOKEN.name,
+        "valueFrom": {"secretKeyRef": {"name": token_secret_name(job), "key": TOKEN_KEY}},
+    }
 
 
 def worker_selector(job: str) -> str:
@@ -68,6 +105,17 @@ def owner_reference(job: str, uid: str) -> dict[str, Any]:
         "uid": uid,
         "controller": True,
         "blockOwnerDeletion": True,
+    }
+
+
+def owned_metadata(name: str, *, job: str, namespace: str, uid: str, role: str) -> dict[str, Any]:
+    """Metadata of an object the job owns besides its pods (Service, Secret, policies): its labels, and
+    the owner reference through which the garbage collector removes it with the job."""
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(job, role),
+        "ownerReferences": [owner_reference(job, uid)],
     }
 
 
@@ -193,7 +241,14 @@ def recipe_env(training: TrainingSpec) -> dict[etj_env.Var[Any], object]:
 
 
 def worker_env(
-    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, pod: str
+    spec: ElasticTrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    uid: str,
+    pod: str,
+    grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
+    startup_workers: int = 1,
 ) -> list[dict[str, Any]]:
     """The variables of etj_contract.env.OPERATOR_SET, then HOME, then the user's env (no ETJ_* there)."""
     host = rendezvous_host(job, namespace)
@@ -206,6 +261,7 @@ def worker_env(
         etj_env.RDZV_ID: uid,
         etj_env.MIN_WORKERS: spec.replicas.min,
         etj_env.MAX_WORKERS: spec.replicas.max,
+        etj_env.STARTUP_WORKERS: startup_workers,
         etj_env.NPROC_PER_WORKER: spec.procs_per_worker,
         etj_env.GLOBAL_BATCH_SIZE: training.global_batch_size,
         etj_env.MICRO_BATCH_SIZE: training.micro_batch_size,
@@ -213,13 +269,19 @@ def worker_env(
         etj_env.DSGD_RAMP_STEPS: training.dynamic_sgd.ramp_steps,
         etj_env.EPOCHS: training.epochs,
         etj_env.SEED: training.seed,
-        etj_env.CHECKPOINT_DIR: spec.checkpoint.location,
+        etj_env.CHECKPOINT_DIR: spec.checkpoint.path,
+        etj_env.CHECKPOINT_URI: spec.checkpoint.uri or "",
+        etj_env.CHECKPOINT_KEEP: spec.checkpoint.keep,
+        etj_env.TERMINATION_GRACE_SECONDS: grace_seconds,
         etj_env.CHECKPOINT_INTERVAL_STEPS: spec.checkpoint.interval_steps,
         etj_env.PROGRESS_URL: f"http://{host}:{PROGRESS_PORT}/progress",
         **recipe_env(training),
     }
     # Every variable the contract says the operator sets, in its order (a KeyError here: one is missing).
-    env: list[dict[str, Any]] = [{"name": v.name, "value": str(values[v])} for v in etj_env.OPERATOR_SET]
+    env: list[dict[str, Any]] = [
+        token_env(job) if v is etj_env.PROGRESS_TOKEN else {"name": v.name, "value": str(values[v])}
+        for v in etj_env.OPERATOR_SET
+    ]
     # The root filesystem is read-only: caches go to the /tmp emptyDir.
     env.append({"name": "HOME", "value": "/tmp"})
     env += [e.to_dict() for e in spec.trainer.env]
@@ -258,14 +320,22 @@ def _image(spec: ElasticTrainingJobSpec, image: str | None) -> str:
 
 
 def _pod(
-    name: str, namespace: str, pod_labels: dict[str, str], owner: dict[str, Any], spec: dict[str, Any]
+    name: str,
+    namespace: str,
+    pod_labels: dict[str, str],
+    owner: dict[str, Any],
+    spec: dict[str, Any],
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": pod_labels, "ownerReferences": [owner]},
-        "spec": spec,
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": pod_labels,
+        "ownerReferences": [owner],
     }
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def _worker_storage(spec: ElasticTrainingJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -313,8 +383,12 @@ def worker_pod(
     slot: int,
     grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
     image: str | None = None,
+    startup_workers: int = 1,
 ) -> dict[str, Any]:
-    """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image)."""
+    """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image).
+
+    ``startup_workers``: the job's workers once this pod's batch exists (the plan's ``startup_workers``).
+    """
     name = worker_name(job, slot)
     placement = spec.placement
     volumes, mounts = _worker_storage(spec)
@@ -324,10 +398,21 @@ def worker_pod(
         "imagePullPolicy": spec.trainer.image_pull_policy.value,
         "command": list(spec.trainer.command),
         "args": list(spec.trainer.args),
-        "env": worker_env(spec, job=job, namespace=namespace, uid=uid, pod=name),
+        "env": worker_env(
+            spec,
+            job=job,
+            namespace=namespace,
+            uid=uid,
+            pod=name,
+            grace_seconds=grace_seconds,
+            startup_workers=startup_workers,
+        ),
         "resources": _resources(spec),
         "securityContext": _restricted_container(),
         "volumeMounts": mounts,
+        # A failed trainer's last log lines become the pod's termination message: the WorkerFailed Event
+        # quotes the last one, so the cause (a bad data path, a bad value) is in `kubectl describe`.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_labels = {**labels(job, ROLE_WORKER), LABEL_SLOT: str(slot)}
     pod_spec: dict[str, Any] = {
@@ -353,7 +438,13 @@ def worker_pod(
 
 
 def rendezvous_pod(
-    spec: ElasticTrainingJobSpec, *, job: str, namespace: str, uid: str, image: str | None = None
+    spec: ElasticTrainingJobSpec,
+    *,
+    job: str,
+    namespace: str,
+    uid: str,
+    image: str | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     """The store pod: TCPStore for c10d rendezvous + progress HTTP endpoint, outside every worker."""
     rdzv = spec.placement.rendezvous
@@ -381,14 +472,17 @@ def rendezvous_pod(
             {"name": etj_env.NAMESPACE.name, "value": namespace},
             {"name": "HOME", "value": "/tmp"},
             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            token_env(job),
         ],
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        # requests == limits: Guaranteed QoS, the last class the kubelet evicts under node pressure.
+        "resources": {"requests": dict(STORE_RESOURCES), "limits": dict(STORE_RESOURCES)},
         "readinessProbe": {"tcpSocket": {"port": RDZV_PORT}, "periodSeconds": 2},
         "securityContext": _restricted_container(),
         "volumeMounts": [{"name": "etj-tmp", "mountPath": "/tmp"}],
     }
     pod_spec: dict[str, Any] = {
-        # Always: a crashed store restarts in place and keeps its IP; the service name stays valid anyway.
+        # Always: a crashed store restarts in place. A lost one is replaced by a new pod (new name, maybe
+        # a new IP): agents reach it by the Service name and re-form the world on it (etj_trainer.store_link).
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": RENDEZVOUS_GRACE_SECONDS,
         "enableServiceLinks": False,
@@ -400,11 +494,15 @@ def rendezvous_pod(
     }
     if rdzv.node_selector:
         pod_spec["nodeSelector"] = dict(rdzv.node_selector)
+    if rdzv.priority_class_name:
+        pod_spec["priorityClassName"] = rdzv.priority_class_name
     affinity = capacity_affinity(rdzv.capacity_types)
     if affinity:
         pod_spec["affinity"] = affinity
     pod_labels = labels(job, ROLE_RENDEZVOUS)
-    return _pod(rendezvous_name(job), namespace, pod_labels, owner_reference(job, uid), pod_spec)
+    name = rendezvous_pod_name(job, index)
+    owner = owner_reference(job, uid)
+    return _pod(name, namespace, pod_labels, owner, pod_spec, dict(STORE_ANNOTATIONS))
 
 
 def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
@@ -412,12 +510,9 @@ def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": rendezvous_name(job),
-            "namespace": namespace,
-            "labels": labels(job, ROLE_RENDEZVOUS),
-            "ownerReferences": [owner_reference(job, uid)],
-        },
+        "metadata": owned_metadata(
+            rendezvous_name(job), job=job, namespace=namespace, uid=uid, role=ROLE_RENDEZVOUS
+        ),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,

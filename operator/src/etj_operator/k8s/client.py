@@ -19,6 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from etj_contract.ports import PROGRESS_PORT
+from etj_contract.progress import auth_header
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.k8s.metrics import METRICS, Metrics
 
@@ -42,6 +43,8 @@ class KubeClient:
     def __init__(self, api_client: client.ApiClient, metrics: Metrics = METRICS, attempts: int = 5) -> None:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
+        self.policy = client.PolicyV1Api(api_client)
         self.metrics = metrics
         self.attempts = attempts
         self._http: aiohttp.ClientSession | None = None
@@ -104,14 +107,26 @@ class KubeClient:
                 return done is not None
             raise
 
-    async def ensure_service(self, body: dict[str, Any]) -> None:
-        ns = body["metadata"]["namespace"]
+    async def ensure(self, body: dict[str, Any]) -> None:
+        """Create one of the job's own objects (Service, Secret, NetworkPolicy, ...) unless it exists.
+
+        Create-only on purpose: the operator never reads the job's Secret back (docs/operator.md, RBAC).
+        """
+        ns, kind = body["metadata"]["namespace"], body["kind"]
+        creators: dict[str, tuple[str, Callable[..., Any]]] = {
+            "Service": ("services", self.core.create_namespaced_service),
+            "Secret": ("secrets", self.core.create_namespaced_secret),
+            "NetworkPolicy": ("networkpolicies", self.networking.create_namespaced_network_policy),
+            "PodDisruptionBudget": (
+                "poddisruptionbudgets",
+                self.policy.create_namespaced_pod_disruption_budget,
+            ),
+        }
+        resource, create = creators[kind]
         await self._call(
             "create",
-            "services",
-            lambda: _drained(
-                self.core.create_namespaced_service(ns, cast(Any, body), _preload_content=False)
-            ),
+            resource,
+            lambda: _drained(create(ns, cast(Any, body), _preload_content=False)),
             ok=frozenset({409}),
         )
 
@@ -140,14 +155,17 @@ class KubeClient:
         )
 
     async def fetch_progress(
-        self, ip: str, port: int = PROGRESS_PORT, timeout: float = 2.0
+        self, ip: str, port: int = PROGRESS_PORT, timeout: float = 2.0, token: str | None = None
     ) -> dict[str, Any] | None:
-        """GET http://<store pod IP>:29401/progress (docs/contract.md); None when unreachable."""
+        """GET http://<store pod IP>:29401/progress with the job's token (docs/contract.md); None when
+        unreachable or refused."""
         if self._http is None:
             self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
         try:
-            async with self._http.get(f"http://{ip}:{port}/progress") as resp:
+            async with self._http.get(f"http://{ip}:{port}/progress", headers=auth_header(token)) as resp:
                 if resp.status != 200:
+                    if resp.status in (401, 403):
+                        log.warning("the store at %s refused the job's token (%s)", ip, resp.status)
                     return None
                 data = json.loads(await resp.text())
                 return data if isinstance(data, dict) else None

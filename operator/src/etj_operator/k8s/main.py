@@ -75,8 +75,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="extra node label marking on-demand capacity (repeatable)",
     )
+    p.add_argument(
+        "--no-network-policy",
+        dest="network_policy",
+        action="store_false",
+        help="do not create a NetworkPolicy per job (docs/operator.md, 'Threat model')",
+    )
+    p.add_argument(
+        "--operator-namespace",
+        default=os.environ.get("POD_NAMESPACE") or None,
+        help="namespace of the operator's pods, for the jobs' NetworkPolicy (default: $POD_NAMESPACE, "
+        "which the chart sets); unset: the progress port admits every source, guarded by the token alone",
+    )
+    p.add_argument(
+        "--operator-pod-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="label of the operator's pods, for the jobs' NetworkPolicy (repeatable)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
+
+
+# The key the jobs' progress tokens are derived from (the chart keeps it in a Secret of its own).
+TOKEN_KEY_ENV = "ETJ_OPERATOR_TOKEN_KEY"
 
 
 def _rules(args: argparse.Namespace) -> CapacityRules:
@@ -91,14 +114,36 @@ def _rules(args: argparse.Namespace) -> CapacityRules:
     return CapacityRules(extra=tuple(extra), default=CapacityType(args.default_capacity_type))
 
 
+def _pairs(raw: list[str], flag: str) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for item in raw:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{flag} wants KEY=VALUE, got {item!r}")
+        out.append((key, value))
+    return tuple(out)
+
+
 def build_state(args: argparse.Namespace) -> handlers.State:
+    key = os.environ.get(TOKEN_KEY_ENV, "")
+    if not key:
+        log.warning(
+            "no %s: job tokens come from a random key, so after a restart this operator cannot read the "
+            "progress of jobs started before it (fine for development; the chart sets one)",
+            TOKEN_KEY_ENV,
+        )
     settings = Settings(
         resync_seconds=args.resync_seconds,
         progress_seconds=args.progress_seconds,
         worker_grace_seconds=args.worker_grace_seconds,
         default_trainer_image=args.default_trainer_image or None,
         namespaces=tuple(args.namespace),
+        network_policy=args.network_policy,
+        operator_namespace=args.operator_namespace,
+        operator_pod_labels=_pairs(args.operator_pod_label, "--operator-pod-label"),
     )
+    if key:
+        settings.token_key = key.encode()
     return handlers.State(settings, _rules(args))
 
 

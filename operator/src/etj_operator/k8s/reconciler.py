@@ -4,26 +4,33 @@ One asyncio task per job serializes that job's reconciles (no two plans for one 
 is woken ("kicked") by node, pod and job events; its wait timeout is the job's resync timer. The
 indices can lag behind our own writes, so the loop keeps short-lived expectations of the pods it just
 created or deleted, the way controller-runtime does, and never plans from a view missing its own pods.
+
+Why one module over ~400 lines: the job's runner (gather, apply: creates with their refusals, drains,
+status) shares its expectations and kick state across those steps; the next cut is the apply half
+(creates, drains) into its own module once the data-plane objects (issue 15) settle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import secrets
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol, cast
 
 import kopf
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
-from etj_operator.decide import workload
+from etj_operator.decide import dataplane, workload
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
@@ -46,6 +53,16 @@ class Settings:
     default_trainer_image: str | None = None  # for jobs without spec.trainer.image
     # Namespaces watched (empty: all). Namespaced, the GPU-usage index sees only these namespaces' pods.
     namespaces: tuple[str, ...] = ()
+    # Key the jobs' progress tokens are derived from (dataplane.job_token). The chart keeps one in a
+    # Secret; a random one (no key configured) makes a restarted operator unable to read running jobs'
+    # progress until they are re-created, which is fine for tests and development only.
+    token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    # A NetworkPolicy per job (docs/operator.md, "Threat model"); off for clusters that manage their own.
+    network_policy: bool = True
+    # Where the operator's own pods are, for the NetworkPolicy's progress-port rule (None: outside the
+    # cluster or unknown; that rule then admits every source and the token alone guards the port).
+    operator_namespace: str | None = None
+    operator_pod_labels: tuple[tuple[str, str], ...] = ()
 
 
 class World(Protocol):
@@ -69,6 +86,8 @@ class JobRunner:
         self.progress: dict[str, Any] | None = None
         self.progress_time: datetime | None = None
         self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
+        self.token: str | None = None  # the job's progress token (derived from its uid once known)
+        self.create_rejection: str | None = None  # the apiserver's refusal of our last pod create
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
 
@@ -172,6 +191,8 @@ class JobRunner:
             progress=self.progress,
             progress_time=self.progress_time,
             final_report_grace=FINAL_REPORT_GRACE if self.settings.progress_seconds > 0 else timedelta(0),
+            create_rejection=self.create_rejection,
+            progress_tracked=self.settings.progress_seconds > 0,
         )
         result = plan(job, obs)
         await self.apply(job, result, {p.name: p for p in pods})
@@ -181,27 +202,46 @@ class JobRunner:
     async def apply(self, job: JobView, result: Plan, pods: Mapping[str, PodInfo]) -> None:
         # Drains first: they are the latency-critical part (the node is going away).
         await asyncio.gather(
-            *(self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason)) for d in result.drains)
-        )
-        creates: list[Any] = []
-        # Services are not indexed (nothing else needs them): re-assert existence every few minutes, so a
-        # deleted Service comes back without costing a request per reconcile.
-        if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
-            creates.append(self._service(job))
-        if result.create_rendezvous:
-            creates.append(
-                self._create(
-                    workload.rendezvous_pod(
-                        job.spec,
-                        job=job.name,
-                        namespace=job.namespace,
-                        uid=job.uid,
-                        image=result.trainer_image,
-                    ),
-                    ROLE_RENDEZVOUS,
-                    None,
-                )
+            *(
+                self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason), force=d.force)
+                for d in result.drains
             )
+        )
+        rejection, errors = await self._create_all(job, result)
+        attempted = result.create_workers or result.create_rendezvous or rejection or errors
+        if attempted or (result.status.current_replicas or 0) >= (result.status.desired_replicas or 0):
+            # A round that created everything it wanted, or wants nothing: no refusal stands any more.
+            before, self.create_rejection = self.create_rejection, rejection
+            if rejection != before:
+                self.kick.set()  # the next round's status carries the ReplicaFailure condition and Event
+        # Status is written whatever the creates did: a refusal must never hide the job's state.
+        await self._write_status(job, result)
+        if errors:
+            raise errors[0]
+        if result.delete_job:
+            await self.kube.delete_job(job.namespace, job.name)
+
+    async def _create_all(self, job: JobView, result: Plan) -> tuple[str | None, list[BaseException]]:
+        """Create what the plan asks for; the apiserver's refusal (if any) and other errors, not raised."""
+        # The job's Service, Secret and NetworkPolicy are not indexed (nothing else needs them): re-assert
+        # their existence every few minutes, so a deleted one comes back without a request per reconcile.
+        # Before any pod: a pod must never start without its token or outside its policy.
+        if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
+            rejection, errors = _rejections(await self._job_objects(job))
+            if rejection or errors:
+                return rejection, errors
+            self.service_checked = time.monotonic()
+        creates: list[Any] = []
+        if result.create_rendezvous:
+            store = workload.rendezvous_pod(
+                job.spec,
+                job=job.name,
+                namespace=job.namespace,
+                uid=job.uid,
+                image=result.trainer_image,
+                index=result.rendezvous_index,
+            )
+            creates.append(self._create(store, ROLE_RENDEZVOUS, None))
         for slot in result.create_workers:
             body = workload.worker_pod(
                 job.spec,
@@ -211,20 +251,26 @@ class JobRunner:
                 slot=slot,
                 grace_seconds=self.settings.worker_grace_seconds,
                 image=result.trainer_image,
+                startup_workers=result.startup_workers,
             )
             creates.append(self._create(body, ROLE_WORKER, slot))
-        await asyncio.gather(*creates)
-        await self._write_status(job, result)
-        if result.delete_job:
-            await self.kube.delete_job(job.namespace, job.name)
+        return _rejections(await asyncio.gather(*creates, return_exceptions=True))
 
     async def _drain(
-        self, job: JobView, name: str, pod: PodInfo | None, since: datetime | None, reason: str
+        self,
+        job: JobView,
+        name: str,
+        pod: PodInfo | None,
+        since: datetime | None,
+        reason: str,
+        *,
+        force: bool = False,
     ) -> None:
         uid = pod.uid if pod is not None else None
         grace = None  # the pod's own terminationGracePeriodSeconds: time for the JIT checkpoint
-        if pod is not None and pod.phase in ("Failed", "Succeeded", "Pending") and pod.node is None:
-            grace = 0  # nothing runs: no reason to wait
+        idle = pod is not None and pod.phase in ("Failed", "Succeeded", "Pending") and pod.node is None
+        if force or idle:
+            grace = 0  # nothing runs (or its node is gone): no reason to wait
         await self.kube.delete_pod(job.namespace, name, uid=uid or None, grace=grace)
         self.expect_delete[name] = (uid or "", time.monotonic() + EXPECTATION_TTL)
         self.expect_create.pop(name, None)
@@ -239,11 +285,28 @@ class JobRunner:
         info = PodInfo(name=name, job=self.name, role=role, slot=slot, phase="Pending")
         self.expect_create[name] = (info, time.monotonic() + EXPECTATION_TTL)
 
-    async def _service(self, job: JobView) -> None:
-        await self.kube.ensure_service(
-            workload.rendezvous_service(job=job.name, namespace=job.namespace, uid=job.uid)
-        )
-        self.service_checked = time.monotonic()
+    def _token(self) -> str:
+        """The job's progress token (its uid never changes for one runner: JobRunners.upsert)."""
+        if self.token is None:
+            uid = ((self.body or {}).get("metadata") or {}).get("uid", "")
+            self.token = dataplane.job_token(
+                self.settings.token_key, namespace=self.namespace, job=self.name, uid=uid
+            )
+        return self.token
+
+    async def _job_objects(self, job: JobView) -> list[Any]:
+        ids = {"job": job.name, "namespace": job.namespace, "uid": job.uid}
+        bodies = [
+            workload.rendezvous_service(**ids),
+            dataplane.token_secret(**ids, token=self._token()),
+            dataplane.store_disruption_budget(**ids),
+        ]
+        if self.settings.network_policy:
+            peer = dataplane.operator_peer(
+                self.settings.operator_namespace, dict(self.settings.operator_pod_labels)
+            )
+            bodies.append(dataplane.network_policy(**ids, operator_peer=peer))
+        return await asyncio.gather(*(self.kube.ensure(b) for b in bodies), return_exceptions=True)
 
     async def _write_status(self, job: JobView, result: Plan) -> None:
         new = result.status.to_patch()
@@ -257,8 +320,13 @@ class JobRunner:
         spec_max, current = result.status.desired_replicas or 0, result.status.current_replicas or 0
         METRICS.desired_workers.labels(job.namespace, job.name).set(spec_max)
         METRICS.current_workers.labels(job.namespace, job.name).set(current)
-        if current != (job.status.current_replicas or 0) and result.status.resize_history:
-            METRICS.resizes.labels(job.namespace, job.name, result.status.resize_history[-1].reason).inc()
+        before, after = job.status.resize_history, result.status.resize_history
+        if (
+            current != (job.status.current_replicas or 0)
+            and after
+            and (not before or after[-1] != before[-1])
+        ):
+            METRICS.resizes.labels(job.namespace, job.name, after[-1].reason).inc()
         for event in result.events:
             kopf.event(
                 cast(kopf.Body, self.body), type=event.type, reason=event.reason, message=event.message[:1000]
@@ -283,7 +351,7 @@ class JobRunner:
         )
         if store is None or store.ip is None:
             return False
-        data = await self.kube.fetch_progress(store.ip, self.settings.progress_port)
+        data = await self.kube.fetch_progress(store.ip, self.settings.progress_port, token=self._token())
         if data is None or data == self.progress:
             return False
         self.progress, self.progress_time = data, utcnow()
@@ -295,6 +363,27 @@ class JobRunner:
             and not (self.progress or {}).get("finished")
             and any(p.role == ROLE_WORKER and p.exited_ok for p in pods)
         )
+
+
+def _rejections(outcomes: list[Any]) -> tuple[str | None, list[BaseException]]:
+    """The apiserver's refusal among the creates' outcomes (quota, admission, validation: a 4xx that
+    retrying will not change), and the other errors, which fail the reconcile as before."""
+    rejection: str | None = None
+    errors: list[BaseException] = []
+    for outcome in outcomes:
+        if isinstance(outcome, ApiException) and outcome.status in (400, 403, 422):
+            rejection = rejection or _api_message(outcome)
+        elif isinstance(outcome, BaseException):
+            errors.append(outcome)
+    return rejection, errors
+
+
+def _api_message(exc: ApiException) -> str:
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason or exc.status)[:1000]
 
 
 class JobRunners:

@@ -14,7 +14,7 @@ from typing import Any
 from etj_operator.api.models import CapacityType
 from etj_operator.constants import LABEL_CAPACITY_OVERRIDE, LABEL_POOL_OVERRIDE
 from etj_operator.observe.signals import Signal, node_signal
-from etj_operator.quantity import parse_count
+from etj_operator.quantity import MILLI_RESOURCES, parse_count, parse_milli
 from etj_operator.timeutil import parse_time
 
 # (label key, label value) → capacity type, checked in order after the override label. Values are matched
@@ -97,7 +97,8 @@ class NodeInfo:
     name: str
     pool: str
     capacity_type: CapacityType
-    allocatable: Mapping[str, int] = field(default_factory=dict)  # extended/countable resources only
+    # Extended (whole-unit) resources, plus cpu and memory in milli-units: observe.nodes._countable.
+    allocatable: Mapping[str, int] = field(default_factory=dict)
     ready: bool = True
     ready_since: datetime | None = None
     unschedulable: bool = False
@@ -123,14 +124,13 @@ def pool_name(labels: Mapping[str, str], ctype: CapacityType) -> str:
 
 
 def _countable(allocatable: Mapping[str, Any]) -> dict[str, int]:
-    # Only whole-unit resources (GPUs and other device-plugin resources) matter for placement here;
-    # cpu/memory quantities are left to the scheduler.
+    """Whole-unit extended resources (GPUs and other device-plugin resources), and cpu and memory in
+    milli-units (quantity.MILLI_RESOURCES): what a worker pod requests, for the free-capacity estimate."""
     out: dict[str, int] = {}
     for key, raw in allocatable.items():
-        if "/" in key:
-            count = parse_count(raw)
-            if count is not None:
-                out[key] = count
+        count = parse_milli(raw) if key in MILLI_RESOURCES else parse_count(raw) if "/" in key else None
+        if count is not None:
+            out[key] = count
     return out
 
 

@@ -9,10 +9,11 @@ from typing import Any
 
 from etj_operator.constants import LABEL_JOB, LABEL_ROLE, LABEL_SLOT
 from etj_operator.observe.signals import Signal, pod_signal
-from etj_operator.quantity import parse_count
+from etj_operator.quantity import MILLI_RESOURCES, parse_count, parse_milli
 from etj_operator.timeutil import parse_time
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+MAX_LINE = 512  # of a failed container's last log line, quoted in Events
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class PodInfo:
     created: datetime | None = None
     scheduled_at: datetime | None = None
     finished_at: datetime | None = None  # when the (last) container terminated
+    # The last line of the terminated container's message: with terminationMessagePolicy
+    # FallbackToLogsOnError (worker pods) the kubelet puts the log's tail there when the container failed.
+    last_line: str | None = None
     requests: Mapping[str, int] = field(default_factory=dict)
     owner_uid: str = ""  # uid of the controlling ElasticTrainingJob
 
@@ -50,16 +54,17 @@ class PodInfo:
 
 
 def countable_requests(spec: Mapping[str, Any]) -> dict[str, int]:
-    """Sum of whole-unit extended resources (GPUs) requested by a pod's containers."""
+    """What a pod's containers request, summed: whole-unit extended resources (GPUs), and cpu and memory
+    in milli-units (the same units as ``NodeInfo.allocatable``). A resource without a request counts its
+    limit, as the apiserver defaults the request to it."""
     out: dict[str, int] = {}
     for container in spec.get("containers") or []:
         resources = container.get("resources") or {}
-        wanted = resources.get("requests") or resources.get("limits") or {}
+        wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
         for key, raw in wanted.items():
-            if "/" in key:
-                count = parse_count(raw)
-                if count:
-                    out[key] = out.get(key, 0) + count
+            count = parse_milli(raw) if key in MILLI_RESOURCES else parse_count(raw) if "/" in key else None
+            if count:
+                out[key] = out.get(key, 0) + count
     return out
 
 
@@ -69,12 +74,14 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
     status = body.get("status") or {}
     labels = meta.get("labels") or {}
     slot_raw = labels.get(LABEL_SLOT)
-    exit_code, finished_at = None, None
+    exit_code, finished_at, last_line = None, None, None
     for cs in status.get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")
         if terminated is not None:
             exit_code = terminated.get("exitCode")
             finished_at = parse_time(terminated.get("finishedAt")) or finished_at
+            lines = [ln.strip() for ln in str(terminated.get("message") or "").splitlines() if ln.strip()]
+            last_line = lines[-1][:MAX_LINE] if lines else last_line
     scheduled_at = None
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
@@ -94,6 +101,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         created=parse_time(meta.get("creationTimestamp")),
         scheduled_at=scheduled_at,
         finished_at=finished_at,
+        last_line=last_line,
         requests=countable_requests(spec),
         owner_uid=next(
             (o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("controller")), ""

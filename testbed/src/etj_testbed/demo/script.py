@@ -20,7 +20,7 @@ class Script:
     """When the demo interrupts and returns capacity (all in terms of what the job reports)."""
 
     interrupt_epoch: int = 1  # taint a spot node once training is inside this epoch...
-    interrupt_min_world: int = 4  # ...and this many workers train
+    interrupt_min_world: int = 4  # ...and the world has this many ranks (status.worldSize)
     notice_s: float = 120.0  # AWS gives 120 s; the node goes earlier if its pods are already gone
     return_after_s: float = 5.0  # new spot capacity this long after the interrupted node is gone
     timeout_s: float = 1800.0

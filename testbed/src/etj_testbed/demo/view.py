@@ -71,7 +71,7 @@ def view_rows(job: JSON) -> list[tuple[str, str]]:
     return [
         ("phase", fmt(status.get("phase"))),
         ("workers", fmt(status.get("workers"))),
-        ("world size", fmt(status.get("worldSize"))),
+        ("world size (ranks)", fmt(status.get("worldSize"))),
         ("epoch", fmt(progress.get("epoch"))),
         ("step", fmt(progress.get("step"))),
         ("samples/s", fmt(progress.get("samplesPerSecond"), ".1f")),

@@ -38,7 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from etj_testbed.localcluster import toolchain
-from etj_testbed.localcluster.proclet_env import DEFAULT_POD_NETWORK, LoopbackIPs, service_endpoint
+from etj_testbed.localcluster.proclet_env import (
+    DEFAULT_POD_NETWORK,
+    LoopbackIPs,
+    headless_service_of,
+    service_endpoint,
+)
 from etj_testbed.localcluster.proclet_kube import Gone, Kube, delete_pod
 from etj_testbed.localcluster.proclet_nodes import (
     INSTANCE_LABEL,
@@ -109,6 +114,7 @@ class Proclet:
             base,
             self._lookup_data,
             self._lookup_service,
+            self._address_key,
         )
         self.nodes: dict[str, JSON] = {}
         self.pods: dict[str, JSON] = {}  # every bound pod by uid (pods may be seen before their node)
@@ -307,6 +313,15 @@ class Proclet:
     def _lookup_data(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
         obj = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
         return None if obj is None else dict(obj.get("data") or {})
+
+    def _address_key(self, pod: JSON) -> str | None:
+        ns = pod["metadata"]["namespace"]
+        try:
+            services = self.kube.get(f"/api/v1/namespaces/{ns}/services").get("items") or []
+        except Exception as exc:
+            log.warning("service list for %s failed: %s", ns, exc)
+            return None
+        return headless_service_of(pod, services)
 
     def _lookup_service(self, service: str, namespace: str) -> str | None:
         try:

@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ JSON = dict[str, Any]
 DataLookup = Callable[[str, str, str], Mapping[str, str] | None]
 # (service, namespace) → an IP for the name, or None while it has no endpoint.
 ServiceLookup = Callable[[str, str], str | None]
+AddressKey = Callable[[JSON], str | None]  # a pod -> the stable name its address belongs to, if any
 
 _VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 # <service>.<namespace>.svc[.cluster.local] inside any string (URLs, host:port pairs).
@@ -158,6 +160,26 @@ def substitute_services(value: str, ips: Mapping[tuple[str, str], str]) -> str:
     return SERVICE_NAME.sub(sub, value)
 
 
+def selects(service: JSON, pod: JSON) -> bool:
+    """Whether ``service``'s selector matches ``pod``'s labels (an empty selector selects nothing)."""
+    selector = (service.get("spec") or {}).get("selector") or {}
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def headless_service_of(pod: JSON, services: Iterable[JSON]) -> str | None:
+    """``svc:<ns>/<name>`` of the first headless Service selecting ``pod`` (sorted by name), else None.
+
+    With cluster DNS a headless Service's name follows its pods: a replacement pod under a new name is
+    found at the old name. Here names are replaced by an IP when a process starts, so the replacement
+    gets the Service's address back instead (``LoopbackIPs.allocate`` with this key)."""
+    ns = (pod.get("metadata") or {}).get("namespace", "")
+    for svc in sorted(services, key=lambda s: str((s.get("metadata") or {}).get("name"))):
+        if (svc.get("spec") or {}).get("clusterIP") == "None" and selects(svc, pod):
+            return f"svc:{ns}/{svc['metadata']['name']}"
+    return None
+
+
 def service_endpoint(service: JSON, pods: Iterable[JSON]) -> str | None:
     """The IP a Service name resolves to, picked as the endpoint controller would pick endpoints.
 
@@ -166,13 +188,9 @@ def service_endpoint(service: JSON, pods: Iterable[JSON]) -> str | None:
     publishNotReadyAddresses (what the rendezvous Service sets).
     """
     spec = service.get("spec") or {}
-    selector = spec.get("selector") or {}
-    if not selector:
-        return None
     ready: list[str] = []
     other: list[str] = []
     for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
         status = pod.get("status") or {}
         ip = status.get("podIP")
         if (
@@ -181,7 +199,7 @@ def service_endpoint(service: JSON, pods: Iterable[JSON]) -> str | None:
             or status.get("phase") in ("Succeeded", "Failed")
         ):
             continue
-        if any(labels.get(k) != v for k, v in selector.items()):
+        if not selects(service, pod):
             continue
         is_ready = any(
             c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
@@ -214,12 +232,19 @@ class LoopbackIPs:
         self._by_key: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def allocate(self, key: str) -> str:
+    def allocate(self, key: str, wait_s: float = 0.0) -> str:
+        """An address for ``key``: its last one when free (waiting up to ``wait_s``), else a new one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                sticky = self._by_key.get(key)
+                if sticky and sticky not in self._used:
+                    self._used.add(sticky)
+                    return sticky
+                if not sticky or time.monotonic() >= deadline:
+                    break
+            time.sleep(0.1)
         with self._lock:
-            sticky = self._by_key.get(key)
-            if sticky and sticky not in self._used:
-                self._used.add(sticky)
-                return sticky
             for _ in range(len(self._hosts)):
                 ip = self._hosts[self._cursor]
                 self._cursor = (self._cursor + 1) % len(self._hosts)

@@ -23,6 +23,7 @@ from typing import IO, Any
 from kubernetes.client.rest import ApiException
 
 from etj_testbed.localcluster.proclet_env import (
+    AddressKey,
     DataLookup,
     LoopbackIPs,
     ServiceLookup,
@@ -42,6 +43,7 @@ HOST_IP = "127.0.0.1"
 MIN_GRACE_S = 2.0  # the kubelet's minimum, also used for force-deleted pods
 POLL_S = 0.25
 # How long a pod waits for a Service name in its env/args to get an endpoint before starting anyway.
+STABLE_ADDRESS_WAIT_S = 30.0  # > the store pod's grace period (10 s)
 RESOLVE_TIMEOUT_S = float(os.environ.get("ETJ_PROCLET_RESOLVE_TIMEOUT", "120"))
 
 
@@ -55,6 +57,7 @@ class RunnerContext:
     base_env: dict[str, str]
     lookup_data: DataLookup
     lookup_service: ServiceLookup
+    address_key: AddressKey = lambda _pod: None
 
 
 @dataclass
@@ -151,7 +154,14 @@ class PodRunner:
 
     def _prepare(self) -> None:
         meta = self.pod["metadata"]
-        self.ip = self.ctx.ips.allocate(self.key)
+        # A pod behind a headless Service takes over the Service's address (the name its clients hold, as
+        # cluster DNS would); a predecessor still shutting down gets a moment to let go of it.
+        stable = self.ctx.address_key(self.pod)
+        self.ip = (
+            self.ctx.ips.allocate(stable, wait_s=STABLE_ADDRESS_WAIT_S)
+            if stable
+            else self.ctx.ips.allocate(self.key)
+        )
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "scratch").mkdir(exist_ok=True)
         spec = self.pod["spec"]

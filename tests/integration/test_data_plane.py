@@ -1,0 +1,201 @@
+"""The job's closed data plane (docs/operator.md, "Threat model"), on real processes and the real apiserver.
+
+- the store server (a real ``etj-train store`` process) answers ``/progress`` only with the job's token and
+  refuses oversized bodies unread; the operator's client reads with the token;
+- the operator creates, before any pod, the job's token Secret (pods name it, never carry the value) and a
+  NetworkPolicy that admits only the job's own pods and, on the progress port, the operator.
+
+The local cluster enforces no NetworkPolicy, so the policy is checked as the object the apiserver stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from kubernetes import client
+
+from etj_contract import env as etj_env
+from etj_contract.ports import PROGRESS_PORT
+from etj_contract.progress import MAX_BODY_BYTES
+from etj_operator.decide.dataplane import job_token
+from etj_operator.k8s.client import KubeClient
+from etj_trainer.local_launcher import free_port
+from etj_trainer.progress import get_json, post_json
+from tests.integration.opbed import Bed, OperatorProcess
+from tests.plugins.cluster import Cluster
+
+TOKEN = "s3cret-token"
+
+
+def _status(url: str, body: bytes | None, headers: dict[str, str]) -> int:
+    req = urllib.request.Request(
+        url, data=body, headers=headers, method="POST" if body is not None else "GET"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except urllib.error.URLError:
+        return 0  # not listening (yet)
+
+
+@pytest.fixture(scope="module")
+def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `etj-train store` with the job's token in its environment, as the operator starts it."""
+    tmp_path = tmp_path_factory.mktemp("store")
+    http_port = free_port()
+    env = {**os.environ, etj_env.PROGRESS_TOKEN.name: TOKEN}
+    cmd = [sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1",
+           "--port", str(free_port()), "--http-port", str(http_port)]  # fmt: skip
+    log = open(tmp_path / "store.log", "wb")  # noqa: SIM115 - the child owns it
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    log.close()
+    url = f"http://127.0.0.1:{http_port}/progress"
+    try:
+        deadline = time.monotonic() + 120
+        while _status(url.replace("progress", "healthz"), None, {}) != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "store.log").read_text()
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_store_answers_progress_only_with_the_jobs_token(store_url: str) -> None:
+    finished = json.dumps({"step": 9, "finished": True}).encode()
+    # Anyone else who reaches the port can neither end the job nor read it.
+    assert _status(store_url, finished, {"Content-Type": "application/json"}) == 401
+    assert _status(store_url, finished, {"Authorization": "Bearer wrong"}) == 401
+    assert _status(store_url, None, {}) == 401
+    assert get_json(store_url, token="wrong") is None
+    assert get_json(store_url, token=TOKEN) == {}  # nothing reported yet
+    # The trainer's client sends the token from its environment (the operator sets it from the Secret).
+    os.environ[etj_env.PROGRESS_TOKEN.name] = TOKEN
+    try:
+        post_json(store_url, {"step": 3})
+        assert (get_json(store_url) or {}).get("step") == 3
+    finally:
+        del os.environ[etj_env.PROGRESS_TOKEN.name]
+    # The probe stays open.
+    assert _status(store_url.replace("progress", "healthz"), None, {}) == 200
+
+
+def test_store_refuses_an_oversized_body_unread(store_url: str) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    huge = b'{"loss": 1.0, "pad": "' + b"x" * MAX_BODY_BYTES + b'"}'
+    assert _status(store_url, huge, auth) == 413
+    # Without a length the server would have to read until the client stops: refused too.
+    host, port = store_url.split("/")[2].split(":")
+    import http.client
+
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.putrequest("POST", "/progress")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.endheaders()
+    assert conn.getresponse().status == 411
+    conn.close()
+    # The store is still there and still takes a normal report.
+    assert _status(store_url, b'{"step": 4}', auth) == 204
+    assert get_json(store_url, token=TOKEN) == {"step": 4, "resizes": [], "finished": False}
+
+
+def test_the_operator_reads_progress_with_the_jobs_token(store_url: str) -> None:
+    post_json(store_url, {"step": 5}, token=TOKEN)
+    host, port = store_url.split("/")[2].split(":")
+
+    async def read(token: str | None) -> dict[str, Any] | None:
+        kube = KubeClient(client.ApiClient())
+        try:
+            return await kube.fetch_progress(host, int(port), token=token)
+        finally:
+            await kube.close()
+
+    assert asyncio.run(read(TOKEN)) == {"step": 5, "resizes": [], "finished": False}
+    assert asyncio.run(read(None)) is None
+
+
+# ---- the operator's objects on the real apiserver ------------------------------------------------------
+
+
+@pytest.mark.cluster
+def test_job_gets_its_token_secret_and_a_network_policy_before_its_pods(
+    bed: Bed, cluster: Cluster, tmp_path: Path
+) -> None:
+    key = "test-operator-key"
+    os.environ["ETJ_OPERATOR_TOKEN_KEY"] = key
+    try:
+        op = OperatorProcess(
+            cluster.kubeconfig,
+            bed.ns,
+            tmp_path / "operator.log",
+            "--operator-namespace=etj-system",
+            "--operator-pod-label=app.kubernetes.io/component=operator",
+        ).start()
+    finally:
+        del os.environ["ETJ_OPERATOR_TOKEN_KEY"]
+    try:
+        bed.node("spot-0", "spot")
+        bed.node("od-0", "on-demand", gpus=0)
+        bed.create_job("sealed", max_workers=1)
+        bed.wait(
+            "worker and store pods",
+            lambda: bool(bed.pods("sealed")) and bool(bed.pods("sealed", "rendezvous")),
+        )
+        job = bed.job("sealed") or {}
+        uid = job["metadata"]["uid"]
+
+        secret = cast(Any, bed.core.read_namespaced_secret("sealed-etj-token", bed.ns))
+        token = base64.b64decode(secret.data["token"]).decode()
+        # Derived from the operator's key and the job's identity: a restarted operator knows it unread.
+        assert token == job_token(key.encode(), namespace=bed.ns, job="sealed", uid=uid)
+        assert [(o.kind, o.uid, o.controller) for o in secret.metadata.owner_references] == [
+            ("ElasticTrainingJob", uid, True)
+        ]
+        # Every pod of the job takes the token from the Secret by name; no pod spec holds the value.
+        for pod in [*bed.pods("sealed"), *bed.pods("sealed", "rendezvous")]:
+            env = {e.name: e for e in pod.spec.containers[0].env}
+            ref = env[etj_env.PROGRESS_TOKEN.name].value_from.secret_key_ref
+            assert (ref.name, ref.key) == ("sealed-etj-token", "token")
+            assert token not in json.dumps(client.ApiClient().sanitize_for_serialization(pod))
+
+        policy = cast(
+            Any,
+            client.NetworkingV1Api(bed.cluster.api_client()).read_namespaced_network_policy(
+                "sealed-etj", bed.ns
+            ),
+        )
+        spec = client.ApiClient().sanitize_for_serialization(policy.spec)
+        assert spec["podSelector"] == {"matchLabels": {"etj.dev/job": "sealed"}}
+        assert spec["policyTypes"] == ["Ingress"]  # egress (datasets, object stores) stays open
+        own, operator = spec["ingress"]
+        # The job's own pods: every port (the store's, and the collectives' own choice of ports).
+        assert own == {"from": [{"podSelector": {"matchLabels": {"etj.dev/job": "sealed"}}}]}
+        # The operator: the progress port only, and only its own pods in its own namespace.
+        assert operator == {
+            "from": [
+                {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "etj-system"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}},
+                }
+            ],
+            "ports": [{"port": PROGRESS_PORT, "protocol": "TCP"}],
+        }
+        assert policy.metadata.owner_references[0].uid == uid
+    finally:
+        op.stop()
+        print(op.logs())

@@ -1,0 +1,210 @@
+"""Failures the operator must make visible, on the real apiserver (issue 15): a pod create the apiserver
+refuses (here a ResourceQuota) becomes a condition and a Warning Event, and status keeps being written."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from kubernetes import client
+
+from etj_contract.ports import PROGRESS_PORT
+from etj_operator.api.models import GROUP, PLURAL, VERSION
+from etj_testbed.localcluster.proclet import Proclet, process_node, selector_for
+from etj_trainer.progress import get_json, report_error
+from tests.integration.opbed import TEST_LABEL, Bed, OperatorProcess, job_manifest
+from tests.plugins.cluster import Cluster
+
+pytestmark = pytest.mark.cluster
+
+
+def _condition(bed: Bed, job: str, type_: str) -> dict[str, Any]:
+    return next((c for c in bed.status(job).get("conditions", []) if c["type"] == type_), {})
+
+
+def _quota(bed: Bed, gpus: int) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "gpus"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": str(gpus)}},
+    }
+    try:
+        bed.core.create_namespaced_resource_quota(bed.ns, body)
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        bed.core.patch_namespaced_resource_quota("gpus", bed.ns, {"spec": body["spec"]})
+
+    def counted() -> bool:
+        # The quota admission refuses every pod until the quota controller has filled in status.
+        st: Any = bed.core.read_namespaced_resource_quota("gpus", bed.ns).status
+        return bool(st and st.hard and st.hard.get("requests.nvidia.com/gpu") == str(gpus))
+
+    bed.wait("the quota to be counted", counted)
+
+
+def test_a_quota_refusal_is_a_condition_and_an_event_and_status_is_still_written(
+    bed: Bed, operator: OperatorProcess
+) -> None:
+    for i in range(3):
+        bed.node(f"spot-{i}", "spot")
+    bed.node("od-0", "on-demand", gpus=0)
+    _quota(bed, gpus=1)
+    bed.create_job("quota", max_workers=3)
+    try:
+        bed.wait(
+            "ReplicaFailure=True/FailedCreate",
+            lambda: _condition(bed, "quota", "ReplicaFailure").get("status") == "True",
+            90,
+        )
+    except AssertionError:
+        print(operator.logs())
+        raise
+    cond = _condition(bed, "quota", "ReplicaFailure")
+    assert cond["reason"] == "FailedCreate" and "exceeded quota" in cond["message"], cond
+    # The refusal does not stop the rest of the status: one worker fits the quota and is counted.
+    bed.wait("one worker running", lambda: bed.status("quota").get("workers") == "1/3", 60)
+    assert _condition(bed, "quota", "Ready")["status"] == "True"
+    bed.wait(
+        "a FailedCreate Warning Event naming the quota",
+        lambda: any(
+            e.type == "Warning" and e.reason == "FailedCreate" and "exceeded quota" in (e.message or "")
+            for e in bed.events("quota")
+        ),
+    )
+    # Room in the quota: the missing workers are created and the condition clears.
+    _quota(bed, gpus=3)
+    bed.wait("3 workers", lambda: bed.status("quota").get("workers") == "3/3", 90)
+    bed.wait(
+        "ReplicaFailure=False",
+        lambda: _condition(bed, "quota", "ReplicaFailure").get("status") == "False",
+        60,
+    )
+
+
+def test_the_store_is_protected_from_evictions_and_stays_on_a_cordoned_node(
+    bed: Bed, operator: OperatorProcess
+) -> None:
+    # One on-demand node holds the store and the worker: the worker's drain on the cordon below proves the
+    # operator acted on the cordon, and the store must outlive that round.
+    od = bed.node("od-0", "on-demand", gpus=1)
+    scheduling = client.SchedulingV1Api(bed.cluster.api_client())
+    priority = f"{bed.ns}-store"[:63]
+    scheduling.create_priority_class({"metadata": {"name": priority}, "value": 1000})
+    try:
+        manifest = job_manifest("kept", bed.ns, max_workers=1)
+        manifest["spec"]["placement"]["capacityTypes"] = ["on-demand"]
+        manifest["spec"]["placement"]["rendezvous"]["priorityClassName"] = priority
+        bed.custom.create_namespaced_custom_object(GROUP, VERSION, bed.ns, PLURAL, manifest)
+        bed.wait(
+            "store and worker running",
+            lambda: (
+                bed.status("kept").get("workers") == "1/1"
+                and any(p.status.phase == "Running" for p in bed.pods("kept", "rendezvous"))
+            ),
+            90,
+        )
+        store: Any = bed.pods("kept", "rendezvous")[0]
+        assert store.metadata.annotations["karpenter.sh/do-not-disrupt"] == "true"
+        assert store.status.qos_class == "Guaranteed"
+        assert store.spec.priority_class_name == priority and store.spec.priority == 1000
+        policy = client.PolicyV1Api(bed.cluster.api_client())
+        pdb: Any = policy.read_namespaced_pod_disruption_budget("kept-rdzv", bed.ns)
+        assert pdb.spec.max_unavailable == 0
+        bed.wait(
+            "the disruption controller to count the store",
+            lambda: (
+                cast(
+                    Any, policy.read_namespaced_pod_disruption_budget("kept-rdzv", bed.ns)
+                ).status.expected_pods
+                == 1
+            ),
+        )
+        # `kubectl drain`, Karpenter and the cluster autoscaler evict: refused for the store.
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": store.metadata.name}}
+        with pytest.raises(client.ApiException) as refused:
+            bed.core.create_namespaced_pod_eviction(store.metadata.name, bed.ns, eviction)
+        assert refused.value.status == 429 and "disruption budget" in str(refused.value.body)
+        # A cordon drains the worker (a drain notice for workers) but leaves the store where it is.
+        bed.core.patch_node(od, {"spec": {"unschedulable": True}})
+        bed.wait(
+            "the worker drained for the cordon",
+            lambda: any(e.reason == "NodeCordoned" for e in bed.events("kept")),
+            60,
+        )
+        after: Any = bed.pods("kept", "rendezvous")
+        assert [(p.metadata.uid, p.metadata.deletion_timestamp) for p in after] == [
+            (store.metadata.uid, None)
+        ]
+    finally:
+        scheduling.delete_priority_class(priority)
+
+
+def test_a_step_that_stands_still_turns_progressing_false_naming_the_trainers_last_error(
+    bed: Bed, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The store runs for real (a process node), the worker is a kwok pod that never trains: a crash loop
+    inside a Running pod, as the operator sees it. Today's code said Ready and nothing else."""
+    instance = f"p{uuid.uuid4().hex[:6]}"
+    proclet = Proclet(cluster.kubeconfig, root=tmp_path / "proclet", selector=selector_for(instance)).start()
+    op = OperatorProcess(
+        cluster.kubeconfig, bed.ns, tmp_path / "operator.log", "--progress-seconds=1"
+    ).start()
+    store_node = f"{bed.ns}-store"[:63]
+    try:
+        bed.node("spot-0", "spot")
+        node = process_node(
+            store_node,
+            "on-demand",
+            gpus=0,
+            instance=instance,
+            labels={TEST_LABEL: bed.ns},
+            taints=[{"key": TEST_LABEL, "value": bed.ns, "effect": "NoSchedule"}],
+        )
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(node))
+        manifest = job_manifest("stuck", bed.ns, max_workers=1)
+        manifest["spec"]["failurePolicy"] = {"progressDeadlineSeconds": 20}
+        bed.custom.create_namespaced_custom_object(GROUP, VERSION, bed.ns, PLURAL, manifest)
+
+        def store_ip() -> str | None:
+            pods = [p for p in bed.pods("stuck", "rendezvous") if p.status.phase == "Running"]
+            return pods[0].status.pod_ip if pods and pods[0].status.pod_ip else None
+
+        bed.wait("the store process running", lambda: store_ip() is not None, 180)
+        bed.wait(
+            "Progressing=True", lambda: _condition(bed, "stuck", "Progressing").get("status") == "True", 60
+        )
+        # The agent's report of the crash (etj_trainer.progress.report_error), with the job's token.
+        secret: Any = bed.core.read_namespaced_secret("stuck-etj-token", bed.ns)
+        token = base64.b64decode(secret.data["token"]).decode()
+        url = f"http://{store_ip()}:{PROGRESS_PORT}/progress"
+        bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 60)
+        assert report_error("Traceback ...\nFileNotFoundError: /data/train", url=url, token=token)
+        bed.wait(
+            "Progressing=False/ProgressDeadlineExceeded",
+            lambda: _condition(bed, "stuck", "Progressing").get("status") == "False",
+            120,
+        )
+        cond = _condition(bed, "stuck", "Progressing")
+        assert cond["reason"] == "ProgressDeadlineExceeded", cond
+        assert "no step reported" in cond["message"] and "FileNotFoundError: /data/train" in cond["message"]
+        assert _condition(bed, "stuck", "Ready")["status"] == "True"  # why Progressing is needed at all
+        bed.wait(
+            "a ProgressDeadlineExceeded Warning naming the error",
+            lambda: any(
+                e.type == "Warning"
+                and e.reason == "ProgressDeadlineExceeded"
+                and "FileNotFoundError" in (e.message or "")
+                for e in bed.events("stuck")
+            ),
+        )
+    finally:
+        op.stop()
+        print(op.logs())
+        proclet.stop()
+        cluster.kubectl("delete", "node", store_node, "--wait=false", check=False)

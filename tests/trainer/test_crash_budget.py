@@ -1,0 +1,98 @@
+"""crash_budget: which worker failures count, and when the agent stops restarting (named table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from etj_contract.progress import MAX_ERROR_CHARS
+from etj_trainer.crash_budget import EXIT_RESIZE, CrashCount, Progress, after_failure, error_line
+
+
+@dataclass(frozen=True)
+class Failure:
+    codes: tuple[int, ...]
+    progress: Progress | None
+    store_lost: bool = False
+
+
+CRASH = (1,)
+CASES: list[tuple[str, list[Failure], list[bool], list[bool]]] = [
+    # name, failures in order, counted as crash?, give up?
+    (
+        "a deterministic error before any step: three restarts, then the pod fails",
+        [Failure(CRASH, None)] * 4,
+        [True] * 4,
+        [False, False, False, True],
+    ),
+    (
+        "the same step each time (a corrupt sample): no progress, gives up",
+        [Failure(CRASH, (0, 40))] * 4,
+        [True] * 4,
+        [False, False, False, True],
+    ),
+    (
+        "progress between crashes (spot reclaims of peers): never gives up",
+        [Failure(CRASH, (0, s)) for s in (10, 20, 30, 40, 50, 60)],
+        [True] * 6,
+        [False] * 6,
+    ),
+    (
+        "membership changes (a peer left in place, or exited 0) are not crashes",
+        [Failure((EXIT_RESIZE,), None), Failure((0, EXIT_RESIZE), None)] * 4,
+        [False] * 8,
+        [False] * 8,
+    ),
+    (
+        "failures while the store is lost are not counted",
+        [Failure(CRASH, None, store_lost=True)] * 10 + [Failure(CRASH, None)],
+        [False] * 10 + [True],
+        [False] * 11,
+    ),
+    (
+        "a signal death among resizes counts (SIGKILL of a worker = -9)",
+        [Failure((EXIT_RESIZE, -9), (1, 5))],
+        [True],
+        [False],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "failures", "crashes", "give_ups"), CASES, ids=[c[0] for c in CASES])
+def test_after_failure(name: str, failures: list[Failure], crashes: list[bool], give_ups: list[bool]) -> None:
+    count = CrashCount()
+    got_crash, got_give_up = [], []
+    for f in failures:
+        verdict = after_failure(count, f.codes, f.progress, store_lost=f.store_lost, max_crashes=3)
+        count = verdict.count
+        got_crash.append(verdict.crash)
+        got_give_up.append(verdict.give_up)
+    assert (got_crash, got_give_up) == (crashes, give_ups)
+
+
+def test_exit_resize_is_the_trainers() -> None:
+    from etj_trainer.trainer import EXIT_RESIZE as TRAINER_EXIT_RESIZE
+
+    assert EXIT_RESIZE == TRAINER_EXIT_RESIZE
+
+
+@pytest.mark.parametrize(
+    ("message", "worker", "line"),
+    [
+        (
+            "FileNotFoundError: [Errno 2] No such file: '/x'",
+            "w-1",
+            "w-1: FileNotFoundError: [Errno 2] No such file: '/x'",
+        ),
+        ("Traceback...\n  File x\nValueError: bad\n\n", "", "ValueError: bad"),
+        ("", "w-0", "w-0: worker failed"),
+        ({"message": "OSError: x", "extraInfo": {"py_callstack": "..."}}, "w-2", "w-2: OSError: x"),
+    ],
+)
+def test_error_line(message: object, worker: str, line: str) -> None:
+    assert error_line(message, worker) == line
+
+
+def test_error_line_is_bounded() -> None:
+    assert len(error_line("E" * 5000)) == MAX_ERROR_CHARS

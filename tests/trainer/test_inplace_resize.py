@@ -1,0 +1,94 @@
+"""Every resize in place, end to end on loopback (etj-train store + worker agents, `etj-train local`).
+
+What "in place" means here, read from the workers' own logs: rank 0 prints ``ready at step`` once per
+process start of a world, so a job whose world changed without any worker restarting prints it exactly
+once. On the restart path (today's code before issue 16) every resize prints it again. Each test also
+checks the run against a fixed-size run of the same config (float64, <= 1e-9 relative) and that every
+sample was trained on exactly once per epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from etj_trainer.checkpoint import load_latest
+from etj_trainer.config import TrainConfig
+from etj_trainer.local_launcher import parse_schedule, run_local
+from etj_trainer.sample_log import consumed_per_epoch
+from etj_trainer.worldsim import run_world
+
+
+def _job(tmp: Path, max_workers: int) -> dict[str, str]:
+    return {
+        "ETJ_DATA": "digits-tensor",
+        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_DTYPE": "float64",
+        "ETJ_SEED": "3",
+        "ETJ_LR": "0.05",
+        "ETJ_MOMENTUM": "0.9",
+        "ETJ_EPOCHS": "3",
+        "ETJ_GLOBAL_BATCH_SIZE": "32",
+        "ETJ_MICRO_BATCH_SIZE": "8",
+        "ETJ_MIN_STEP_SECONDS": "0.1",
+        "ETJ_SAMPLE_LOG_DIR": str(tmp / "samples"),
+        "ETJ_CHECKPOINT_DIR": str(tmp / "ckpt"),
+        "ETJ_MAX_WORKERS": str(max_workers),
+        # a survivor starved of CPU on a loaded CI machine must not be taken for dead
+        "ETJ_PEER_DEAD_AFTER_S": "3",
+    }
+
+
+def _worker_logs(logs: Path) -> str:
+    return "".join(f.read_text(errors="replace") for f in sorted(logs.glob("worker-*.log")))
+
+
+def _assert_resized_in_place(result: dict[str, object], logs: Path, resizes: list[tuple[int, int]]) -> str:
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == resizes  # type: ignore[attr-defined]
+    text = _worker_logs(logs)
+    assert text.count("ready at step") == 1, "a worker restarted"
+    return text
+
+
+def _assert_matches_a_fixed_run(env: dict[str, str], tmp: Path) -> None:
+    fixed = replace(
+        TrainConfig.from_env(env),
+        checkpoint_dir=tmp / "fixed",
+        local_checkpoint_dir=None,
+        sample_log_dir=tmp / "fixed-samples",
+    )
+    run_world(fixed, 2)
+    a, b = load_latest(tmp / "fixed"), load_latest(tmp / "ckpt")
+    assert a is not None and b is not None and a.step == b.step
+    pa, pb = dict(a.state["model"]), dict(b.state["model"])
+    num = max(float((pa[k] - pb[k]).abs().max()) for k in pa)
+    den = max(float(pa[k].abs().max()) for k in pa)
+    assert num / den <= 1e-9, f"max relative difference {num / den:.3e}"
+    per_epoch = consumed_per_epoch(tmp / "samples")
+    assert sorted(per_epoch) == [0, 1, 2]
+    for ids in per_epoch.values():
+        assert sorted(ids) == list(range(1438))  # every training sample exactly once per epoch
+
+
+@pytest.mark.slow
+def test_a_hard_kill_is_recovered_in_place(tmp_path: Path) -> None:
+    env = _job(tmp_path, max_workers=3)
+    result = run_local(3, parse_schedule("20:!1"), env, tmp_path / "logs", timeout_s=600)
+    # the first world waited for all three agents, the kill shrank it once, in the survivors' processes
+    logs = _assert_resized_in_place(result, tmp_path / "logs", [(3, 2)])
+    assert "-> in place (1 of 3 ranks lost)" in logs
+    assert result["agentExitCodes"][:2] == [0, 0]  # type: ignore[index]
+    _assert_matches_a_fixed_run(env, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_join_is_admitted_in_place(tmp_path: Path) -> None:
+    env = _job(tmp_path, max_workers=3)
+    result = run_local(2, parse_schedule("15:+1"), env, tmp_path / "logs", timeout_s=600)
+    logs = _assert_resized_in_place(result, tmp_path / "logs", [(2, 3)])
+    assert "joining the running world in place" in logs and "resizing 2->3 in process" in logs
+    assert result["agentExitCodes"] == [0, 0, 0]
+    _assert_matches_a_fixed_run(env, tmp_path)
