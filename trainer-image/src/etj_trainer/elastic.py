@@ -48,7 +48,6 @@ import logging
 import math
 import os
 import random
-import signal
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
@@ -61,17 +60,19 @@ from torch import nn
 
 from etj_contract import env as etj_env
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
-from etj_trainer import regroup
+from etj_trainer import group_sockets, join, recover, regroup
 from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore, StateWriter
 from etj_trainer.config import TrainConfig
 from etj_trainer.data import Micro
 from etj_trainer.dynamic_sgd import DynamicSGD
+from etj_trainer.inplace import InPlace, Resize
 from etj_trainer.progress import ProgressReporter, get_json
 from etj_trainer.sample_log import SampleLog
 from etj_trainer.sampler import ElasticSampler
 from etj_trainer.schedule import lr_factor, position
 from etj_trainer.state_sync import agree_on_checkpoint, capture_rng, restore_rng
+from etj_trainer.world import StopFlag, World, incarnation, installed
 
 __all__ = ["DynamicSGD", "ElasticModule", "Job", "Membership", "Micro", "Step", "StopFlag", "TrainConfig"]
 
@@ -84,64 +85,11 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
 
 
-class StopFlag:
-    """Set by SIGTERM; acted on at the next step boundary (never mid-step).
-
-    ``code`` says why (see regroup.py): the pod is leaving, or our agent is restarting us because a node
-    joins -- the agent writes that into ETJ_AGENT_STATE_FILE before it signals.
-    """
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.code = regroup.StopCode.RUN
-
-    def request(self, code: regroup.StopCode = regroup.StopCode.LEAVING) -> None:
-        self.requested = True
-        self.code = code
-
-    def install(self) -> StopFlag:
-        global _installed
-
-        def handler(signum: int, _frame: object) -> None:
-            restarting = regroup.agent_is_restarting()
-            self.request(regroup.StopCode.RESTARTING if restarting else regroup.StopCode.LEAVING)
-
-        signal.signal(signal.SIGTERM, handler)
-        _installed = self
-        return self
-
-
-_installed: StopFlag | None = None  # the flag SIGTERM sets in this process (etj-train worker installs it)
 _last_job: Job | None = None  # the last Job of this process: etj-train worker picks its exit code from it
 
 
 def last_job() -> Job | None:
     return _last_job
-
-
-@dataclass
-class World:
-    """This process's place in the current membership of the world."""
-
-    dist_on: bool
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    device: torch.device
-
-    @classmethod
-    def current(cls) -> World:
-        dist_on = dist.is_available() and dist.is_initialized()
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        return cls(
-            dist_on=dist_on,
-            rank=dist.get_rank() if dist_on else 0,
-            size=dist.get_world_size() if dist_on else 1,
-            local_rank=local_rank,
-            local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            device=torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu"),
-        )
 
 
 @dataclass
@@ -187,8 +135,20 @@ class ElasticModule(nn.Module):
         job = self._job[0]
         if not (self.training and torch.is_grad_enabled()) or job.ddp is None:
             return self.module(*args, **kwargs)
-        with job.guard():  # DDP broadcasts buffers here: a collective
-            return job.ddp(*args, **kwargs)
+        if not job.step_lost:
+            with job.guard():  # DDP broadcasts buffers here: a collective
+                return job.ddp(*args, **kwargs)
+        return self._discarded(*args, **kwargs)  # the step is lost (a peer died): it is redone later
+
+    def _discarded(self, *args: Any, **kwargs: Any) -> Any:
+        """A forward whose output only feeds the rest of a lost step's calls, which do nothing: no
+        collective (SyncBatchNorm's, on the failed group, would raise) and no state touched."""
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                return self.module(*args, **kwargs)
+        finally:
+            self.module.train()
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self.module.state_dict(*args, **kwargs)
@@ -246,6 +206,7 @@ class Step:
         self._scale = membership.world.size / len(self.indices)
         self._undo = _Undo.capture(job.model.module if job.model is not None else None)
         self.committed = False
+        self.lost: recover.Lost | None = None  # a peer died in this step: it is redone in a new membership
         if job.optimizer is not None:
             job.optimizer.zero_grad(set_to_none=False)
 
@@ -259,6 +220,8 @@ class Step:
         sizes = micro_batch_sizes(len(self.ids), self.job.config.micro_batch_size) or [0]
         start = 0
         for i, n in enumerate(sizes):
+            if self.lost is not None:
+                return  # the rest of a lost step is not run
             last = i == len(sizes) - 1
             with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # type: ignore[operator]
                 yield Micro(self.epoch, self.ids[start : start + n])
@@ -266,6 +229,8 @@ class Step:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a micro-batch's *summed* loss, weighted so DDP's average is the global mean."""
+        if self.lost is not None:
+            return
         scaled = loss * self._scale
         scaler = self.job.scaler
         with self.job.guard():  # the last micro-batch's backward all-reduces the gradients
@@ -276,6 +241,8 @@ class Step:
         """Commit the step (one all-reduce: the loss and every rank's stop code), then the optimizer step."""
         job, w = self.job, self.membership.world
         cfg = job.config
+        if self.lost is not None:
+            return
         with job.guard():
             if cfg.min_step_seconds > 0:
                 time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - job._t_last)))
@@ -286,9 +253,11 @@ class Step:
                 job._samples_log.write(self.epoch, self.number, w.size, self.ids, lr=self.lr)
             stats = torch.zeros(1 + w.size, dtype=torch.float64)
             stats[0] = self.loss_sum
-            stats[1 + w.rank] = float(job.stop.code)
+            stats[1 + w.rank] = float(job.stop.code or job.inplace.code())
             if w.dist_on:
                 dist.all_reduce(stats)
+        if self.lost is not None:
+            return  # the commit failed: nothing changed, the step is redone
         job._commit(self, float(stats[0]) / len(self.indices), [int(c) for c in stats[1:].round().tolist()])
 
 
@@ -317,16 +286,18 @@ class Job:
         global _last_job
         self.t_start = time.monotonic()
         self.config = cfg = config if config is not None else _config_from_env(defaults)
-        if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        # A joiner forms its first group when the running world admits it (join.py); group_sockets: so a
+        # survivor of a crash can shut the failed group's sockets (recover.close_failed_group).
+        if "WORLD_SIZE" in os.environ and not dist.is_initialized() and not join.joining():
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, timeout=regroup.collective_timeout())
+            group_sockets.init(backend, timeout=regroup.collective_timeout())
         self.world = World.current()
-        self.stop = stop or _installed or StopFlag().install()
+        self.stop = stop or installed() or StopFlag().install()
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before any restore
         self.sampler = ElasticSampler(dataset_size, cfg.seed)
-        self.ckpts = CheckpointStore(cfg.checkpoint_dir, cfg.local_checkpoint_dir)
+        self.ckpts = CheckpointStore.for_config(cfg)
         self.writer = StateWriter(self.ckpts, cfg.local_snapshot_interval_s)
         self.schedule = cfg.schedule()
         self.step = 0
@@ -337,6 +308,8 @@ class Job:
         self.scaler: torch.amp.GradScaler | None = None
         self.extra: dict[str, Stateful] = {}
         self.membership: Membership | None = None
+        self.incarnation = 0.0  # the current membership's (world.incarnation)
+        self.inplace = InPlace()  # this rank's part in in-process leaves, joins and crash recoveries
         self.stopped_early = False  # stopped by a SIGTERM somewhere in the world
         self.survivors_go_on = False  # this rank leaves and the others re-form the world without it
         self.loss = math.nan
@@ -355,6 +328,11 @@ class Job:
     @property
     def device(self) -> torch.device:
         return self.world.device
+
+    @property
+    def step_lost(self) -> bool:
+        """The step in progress failed because a peer died: it is redone once the world re-forms."""
+        return self._current is not None and self._current.lost is not None
 
     def setup_model(self, module: nn.Module) -> ElasticModule:
         """Move ``module`` to the job's device; returns the module to train with (and checkpoint)."""
@@ -389,21 +367,25 @@ class Job:
         if self.model is None or self.optimizer is None:
             raise RuntimeError("call setup_model() and setup_optimizer() before steps()")
         self._start()
-        while True:  # one pass per membership of the world
+        while not self.stopped_early:  # one pass per membership (a joiner never admitted stops at once)
             m = self.membership = self._begin_membership()
-            regroup_to = None
+            resize: Resize | None = None
             while self.running:
                 step = self._current = Step(self, m)
                 yield step
+                if step.lost is not None:  # a peer died: the survivors redo this step in a new membership
+                    step._undo.restore(self.model.module if self.model is not None else None)
+                    resize = step.lost
+                    break
                 if not step.committed:
                     raise RuntimeError("call step.optimizer_step() once in every step")
-                regroup_to, stop_now = self.boundary()
+                resize, stop_now = self.boundary()
                 if stop_now:
-                    self.stopped_early = regroup_to is None
+                    self.stopped_early = resize is None
                     break
-            if regroup_to is None:
+            if resize is None:
                 return
-            self._regroup(regroup_to)
+            self._regroup(resize)
 
     @property
     def running(self) -> bool:
@@ -429,6 +411,7 @@ class Job:
                 print("ETJ_RESULT " + json.dumps(result), flush=True)
         if self.membership is not None:
             self._reporter.close()
+        self.inplace.close(shut=not self.survivors_go_on)  # survivors going on in place keep admitting
         if w.dist_on and not self.survivors_go_on and dist.is_initialized():
             dist.barrier()  # the survivors of an in-process resize have left this group already
 
@@ -445,12 +428,22 @@ class Job:
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
-        """Around every collective of a step: a failure writes the last committed step's local copy."""
+        """Around every collective of a step. A peer that died fails it: when the survivors can redo the
+        step in place (recover.py) the error is swallowed and the step marked lost (its remaining calls do
+        nothing, ``steps()`` re-forms the world and yields the step again); otherwise the last committed
+        step's local copy is written and the error goes on (torch elastic restarts the world)."""
         try:
             yield
-        except Exception:
-            self.on_failure()
-            raise
+        except Exception as e:
+            step = self._current
+            if step is None or step.committed or step.lost is not None:
+                self.on_failure()
+                raise
+            try:
+                step.lost = self.inplace.lost_or_raise(e, self.step, time.monotonic() - self._t_last)
+            except Exception:
+                self.on_failure()
+                raise
 
     def on_failure(self) -> None:
         """A step failed (a peer crashed mid-collective, or this rank is being stopped): roll back what
@@ -491,6 +484,11 @@ class Job:
         state, src = agree_on_checkpoint(self.ckpts, self.world.rank, self.world.size)
         if state is None:
             return None
+        self.load_state(state)
+        return src
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Put a checkpoint's (or a peer's) state into the registered objects."""
         assert self.model is not None and self.optimizer is not None
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -502,7 +500,6 @@ class Job:
         self.sampler.load_state_dict(state["sampler"])
         restore_rng(state["rng"])
         self.step, self.meta = int(state["step"]), dict(state["meta"])
-        return src
 
     def _save(self, shared: bool) -> None:
         # Every rank holds the same state after a step; rank 0 writes the shared copy, each node's local
@@ -517,8 +514,14 @@ class Job:
     def _start(self) -> None:
         w = self.world
         t_restore = time.monotonic()
-        src = self._restore()
-        if w.rank == 0:
+        joiner = join.joining()  # warm now (model, data); the state comes from a peer once admitted
+        src = None if joiner else self._restore()
+        if joiner:
+            print(
+                f"etj: joiner warm in {time.monotonic() - self.t_start:.2f} s; asking to be admitted",
+                flush=True,
+            )
+        elif w.rank == 0:
             # Where a (re)start spends its time: part of every restart-based resize pause.
             print(
                 f"etj: rank 0 of {w.size} ready at step {self.step} "
@@ -530,10 +533,17 @@ class Job:
         self._prev_world = int(self.meta["world_size"]) if "world_size" in self.meta else None
         self._restored_step = self.step
         self._resize_pending = self._prev_world is not None and self._prev_world != w.size
-        self._reporter = ProgressReporter(self.config.progress_url if w.rank == 0 else "")
+        self._reporter = ProgressReporter(self.config.progress_url if w.rank == 0 and not joiner else "")
         self._last_reported_step: object = None
         if w.rank == 0 and self._prev_world is not None and self.config.progress_url:
             self._last_reported_step = (get_json(self.config.progress_url) or {}).get("step")
+        if joiner:
+            ticket = join.ask()
+            if ticket is None:  # never admitted: the restart path (our agent joins the rendezvous)
+                print("etj: not admitted in place; restarting through the rendezvous", flush=True)
+                self.stopped_early = True
+                return
+            self._regroup(ticket)
 
     def _begin_membership(self) -> Membership:
         w, cfg = self.world, self.config
@@ -541,14 +551,22 @@ class Job:
         self.ddp = None
         if w.dist_on:
             self.ddp = nn.parallel.DistributedDataParallel(
-                self.model.module, device_ids=[w.local_rank] if w.device.type == "cuda" else None
+                self.model.module,
+                device_ids=[w.local_rank] if w.device.type == "cuda" else None,
+                # after an in-process resize every rank holds the same state already (the joiners got it
+                # from rank 0): DDP's own broadcast of the whole model would only repeat that transfer
+                init_sync=not self.inplace.states_agree,
             )
+        self.inplace.states_agree = False
         policy = ResizePolicy(cfg.resize_policy)
-        plan = plan_step(policy, cfg.global_batch_size, cfg.micro_batch_size, w.size, cfg.min_workers)
+        plan = plan_step(
+            policy, cfg.global_batch_size, cfg.micro_batch_size, w.size, cfg.min_ranks, cfg.procs_per_worker
+        )
         if policy == ResizePolicy.DYNAMIC_SGD:
             assert isinstance(self.optimizer, DynamicSGD)
             self.optimizer.set_target(plan.lr_target)  # ramps from the multiplier in force to this world's
-        inc = _incarnation(w.dist_on)
+        inc = self.incarnation = incarnation(w.dist_on)
+        self.inplace.enter(w, inc)  # heartbeat under this membership's id; rank 0 opens the join door
         self._samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
         self.model.train()
         return Membership(world=w, plan=plan, incarnation=inc, job=self)
@@ -584,9 +602,14 @@ class Job:
         regroup_to = None
         if stop_now:
             decision = regroup.decide(
-                self._codes, cfg.min_workers * w.local_size, w.dist_on and regroup.enabled_from_env()
+                self._codes,
+                cfg.min_ranks,
+                w.dist_on and regroup.enabled_from_env(),
+                procs_per_node=w.local_size,
             )
             self.survivors_go_on = decision.in_process
+            if w.rank == 0:
+                print(f"etj: after step {self.step}: {decision.describe()}", flush=True)
             if decision.in_process and w.rank in decision.survivors:
                 regroup_to = decision
         shared_due = cfg.checkpoint_interval_steps > 0 and self.step % cfg.checkpoint_interval_steps == 0
@@ -630,18 +653,22 @@ class Job:
         ]
         print(f"etj: resize {self._prev_world}->{w.size} done at step {self.step}", flush=True)
 
-    def _regroup(self, to: regroup.Regroup) -> None:
-        """Survivors of a graceful leave: a new process group among themselves, same state, next step."""
-        old = self.world
-        assert self.membership is not None
-        regroup.reform(
-            f"{self.membership.incarnation:.6f}/{self.step}", to.new_rank(old.rank), len(to.survivors)
+    def _regroup(self, to: Resize) -> None:
+        """The world changes between two steps, in process (inplace.py): same state, next step."""
+        t0 = time.monotonic()
+        self.ddp = None  # the old group's wrapper goes with the group
+        changed = self.inplace.regroup(self, to)
+        if changed is None:
+            return  # the joiners withdrew, or there was no room: the same world goes on
+        old_size, self.world = changed
+        print(
+            f"etj: resizing {old_size}->{self.world.size} in process at step {self.step} "
+            f"(world re-formed, state agreed in {time.monotonic() - t0:.2f} s)",
+            flush=True,
         )
-        self.world = World.current()
-        print(f"etj: resizing {old.size}->{self.world.size} in process at step {self.step}", flush=True)
-        self._prev_world, self._resize_pending = old.size, True
+        self._prev_world, self._resize_pending = old_size, True
         self._restored_step, self._last_reported_step = self.step, None
-        self.survivors_go_on = False
+        self.survivors_go_on = False  # every rank of the old group that goes on is in the new one
         if self.world.rank == 0 and not self._reporter.url:
             self._reporter = ProgressReporter(self.config.progress_url)
 
@@ -655,6 +682,7 @@ class Job:
             samples_per_second=round(self.rate, 2),
             loss=self.loss if math.isfinite(self.loss) else None,
             world_size=self.world.size,
+            per_rank_batch=m.plan.per_rank_batch,
             per_worker_batch=m.plan.per_worker_batch,
             accumulation_steps=m.plan.accumulation_steps,
             lr_multiplier=self.optimizer.lr_multiplier if isinstance(self.optimizer, DynamicSGD) else 1.0,
@@ -663,14 +691,6 @@ class Job:
             resizes=tuple(r for r in map(ResizeRecord.from_json, self.meta["resizes"]) if r is not None),
         )
         return doc.to_json()
-
-
-def _incarnation(dist_on: bool) -> float:
-    """A world-wide id of this membership (rank 0's clock): tags sample-log lines and regroup keys."""
-    inc = [time.time()]
-    if dist_on:
-        dist.broadcast_object_list(inc, src=0)
-    return float(inc[0])
 
 
 def _config_from_env(defaults: Mapping[str, Any]) -> TrainConfig:
