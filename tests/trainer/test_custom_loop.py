@@ -95,22 +95,28 @@ def test_the_example_runs_as_a_plain_script(
 
 
 @pytest.mark.slow
-def test_the_example_under_a_resize_schedule_keeps_exactly_once(tmp_path: Path) -> None:
-    """`etj-train local --script examples/custom-loop/train.py` on 2 agents: one leaves at step 10 (in
-    place), one joins at step 25 (restart); every sample of every epoch trained on exactly once."""
+def test_the_example_is_resized_in_place_and_keeps_exactly_once(tmp_path: Path) -> None:
+    """`etj-train local --script examples/custom-loop/train.py` on 3 agents: one leaves at step 10, one is
+    SIGKILLed at step 20 (the survivor redoes the step it was in), one joins at step 35 -- all three in
+    place, in the script's own processes (rank 0 starts once); every sample of every epoch exactly once."""
     samples = tmp_path / "samples"
     env = {
         "ETJ_SCRIPT": json.dumps([str(EXAMPLE), "--hidden", "32"]),
-        "ETJ_EPOCHS": "5",  # 160 steps of >= 0.2 s: the joiner started at step 25 has >= 27 s to join
+        "ETJ_EPOCHS": "5",  # 160 steps of >= 0.2 s: the joiner started at step 35 has >= 25 s to join
         "ETJ_GLOBAL_BATCH_SIZE": "64",
         "ETJ_MICRO_BATCH_SIZE": "16",
         "ETJ_MIN_STEP_SECONDS": "0.2",
         "ETJ_SAMPLE_LOG_DIR": str(samples),
-        "ETJ_MAX_WORKERS": "2",
+        "ETJ_MAX_WORKERS": "3",
+        "ETJ_PEER_DEAD_AFTER_S": "3",  # a survivor starved of CPU on a loaded machine is not dead
     }
-    result = run_local(2, parse_schedule("10:-1,25:+1"), env, tmp_path / "logs", timeout_s=600)
+    logs = tmp_path / "logs"
+    result = run_local(3, parse_schedule("10:-1,20:!1,35:+1"), env, logs, timeout_s=600)
     assert result.get("finished") is True, result
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1), (1, 2)]  # type: ignore[index]
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(3, 2), (2, 1), (1, 2)]  # type: ignore[index]
+    text = "".join(f.read_text(errors="replace") for f in sorted(logs.glob("worker-*.log")))
+    assert text.count("ready at step") == 1, "a worker restarted"
+    assert "recovering in place" in text and "joiner warm" in text
     assert isinstance(result.get("accuracy"), float) and result["accuracy"] > 0.5  # type: ignore[operator]
     per_epoch = consumed_per_epoch(samples)
     assert sorted(per_epoch) == list(range(5))

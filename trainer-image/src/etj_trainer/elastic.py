@@ -26,18 +26,29 @@ What etj guarantees for such a loop (the built-in trainer, ``trainer.py``, is on
   sampler, the step and the RNG: a shared copy every ``checkpoint_interval_steps`` (written in the
   background) and just in time when a pod leaves; a node-local copy when the process stops and as a
   background snapshot (checkpoint.StateWriter). On start the world restores the newest copy any rank has.
-* **Resizes at step boundaries**: a graceful leave re-forms the world in process (the next step simply
-  runs on fewer ranks); a join or a crash restarts the processes, which resume from the local copy.
+* **Resizes at step boundaries, in process** (inplace.py): a graceful leave re-forms the world among the
+  survivors (the next step simply runs on fewer ranks); a joining node's ranks are admitted at a step
+  boundary and get the state from rank 0; when a peer dies mid-step, the survivors re-form without it and
+  redo the step. Whatever cannot be done in place restarts the processes, which resume from the newest
+  copy.
 * **Progress** to the operator (step, loss, rate, batch, LR, resizes, checkpoints) from rank 0.
 
 The step's commit point is its last collective (the loss and every rank's stop code), *before* the
 optimizer step: until then nothing a checkpoint holds has changed except what a forward pass touches
 (buffers, the RNG), which each step records at its start. So when a collective fails under the calls
-above, the state goes back to the last committed step and is written as the node-local copy on the way
-out: survivors of a crash lose at most the step in progress.
+above, the state goes back to the last committed step. A lost peer (recover.py) makes the step *lost*:
+its remaining calls do nothing (a forward runs the bare module without a collective, ``backward`` and
+``optimizer_step`` return at once, ``micro_batches`` stops), and the next iteration of ``steps()``
+re-forms the world and yields the same step again, to the same loop body. Any other failure, or a crash
+the survivors cannot recover from in place, writes the last committed step as the node-local copy on the
+way out: survivors of a crash lose at most the step in progress either way. Collectives of your own
+inside a step are outside this: their failure goes up as an error (the restart path).
 
-Why one module over ~400 lines: ``Job``, ``Step`` and ``ElasticModule`` share the job's state and are read
-in order as one loop; each function is short.
+The API is split by concern: ``Job`` (here: the loop, its state, checkpoints and failures), ``Step``,
+``ElasticModule`` and ``Membership`` (step.py), the in-process resizes (inplace.py), the reports to the
+operator (job_report.py), and who this process is (world.py). This module stays a little over ~400
+lines (its docstring is the API's reference): ``Job``'s parts share its state and read in order as one
+loop.
 """
 
 from __future__ import annotations
@@ -47,31 +58,29 @@ import json
 import logging
 import math
 import os
-import random
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from etj_contract import env as etj_env
-from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
-from etj_trainer import group_sockets, join, recover, regroup
-from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
+from etj_trainer import group_sockets, join, regroup
+from etj_trainer.batching import ResizePolicy, plan_step
 from etj_trainer.checkpoint import CheckpointStore, StateWriter
 from etj_trainer.config import TrainConfig
 from etj_trainer.data import Micro
 from etj_trainer.dynamic_sgd import DynamicSGD
 from etj_trainer.inplace import InPlace, Resize
-from etj_trainer.progress import ProgressReporter, get_json
+from etj_trainer.job_report import Report, progress
+from etj_trainer.progress import ProgressReporter
 from etj_trainer.sample_log import SampleLog
 from etj_trainer.sampler import ElasticSampler
-from etj_trainer.schedule import lr_factor, position
 from etj_trainer.state_sync import agree_on_checkpoint, capture_rng, restore_rng
+from etj_trainer.step import ElasticModule, Membership, Step
 from etj_trainer.world import StopFlag, World, incarnation, installed
 
 __all__ = ["DynamicSGD", "ElasticModule", "Job", "Membership", "Micro", "Step", "StopFlag", "TrainConfig"]
@@ -90,181 +99,6 @@ _last_job: Job | None = None  # the last Job of this process: etj-train worker p
 
 def last_job() -> Job | None:
     return _last_job
-
-
-@dataclass
-class Membership:
-    """One membership of the world: fixed ranks, batch plan and DDP wrapper until the next resize."""
-
-    world: World
-    plan: BatchPlan
-    incarnation: float  # a world-wide id (rank 0's clock): tags sample-log lines and regroup keys
-    job: Job
-
-    def upcoming(self) -> Iterator[Micro]:
-        """Every micro-batch this rank will train on in this membership, in order (for prefetching
-        loaders; a resize starts a new membership and with it a new stream)."""
-        job, cfg = self.job, self.job.config
-        sim = ElasticSampler(job.sampler.dataset_size, job.sampler.seed, job.sampler.shuffle)
-        sim.load_state_dict(job.sampler.state_dict())
-        step = job.step
-        while sim.epoch < cfg.epochs and (cfg.max_steps <= 0 or step < cfg.max_steps):
-            gidx = sim.next_global_batch(self.plan.global_batch)
-            mine = ElasticSampler.rank_slice(gidx, self.world.size, self.world.rank)
-            start = 0
-            for n in micro_batch_sizes(len(mine), cfg.micro_batch_size):
-                yield Micro(sim.epoch, mine[start : start + n])
-                start += n
-            sim.commit(len(gidx))
-            step += 1
-
-
-class ElasticModule(nn.Module):
-    """The user's module, trained through the DDP wrapper of the current membership.
-
-    Training forwards (grad enabled, ``train()`` mode) go through DDP; evaluation calls the module itself
-    (no collective, so rank 0 may evaluate alone). ``state_dict`` is the module's own (no ``module.``).
-    """
-
-    def __init__(self, module: nn.Module, job: Job) -> None:
-        super().__init__()
-        self.module = module
-        self._job = [job]  # in a list: not a submodule, not part of the state
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        job = self._job[0]
-        if not (self.training and torch.is_grad_enabled()) or job.ddp is None:
-            return self.module(*args, **kwargs)
-        if not job.step_lost:
-            with job.guard():  # DDP broadcasts buffers here: a collective
-                return job.ddp(*args, **kwargs)
-        return self._discarded(*args, **kwargs)  # the step is lost (a peer died): it is redone later
-
-    def _discarded(self, *args: Any, **kwargs: Any) -> Any:
-        """A forward whose output only feeds the rest of a lost step's calls, which do nothing: no
-        collective (SyncBatchNorm's, on the failed group, would raise) and no state touched."""
-        self.module.eval()
-        try:
-            with torch.no_grad():
-                return self.module(*args, **kwargs)
-        finally:
-            self.module.train()
-
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module.state_dict(*args, **kwargs)
-
-    def load_state_dict(
-        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
-    ) -> Any:
-        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
-
-
-@dataclass
-class _Undo:
-    """What a step changes before its commit point: the module buffers a forward pass updates (BatchNorm
-    statistics, DDP's buffer broadcast) and the RNG. Small next to the parameters; captured every step."""
-
-    buffers: list[torch.Tensor]
-    rng: tuple[Any, Any, Any]
-
-    @classmethod
-    def capture(cls, model: nn.Module | None) -> _Undo:
-        return cls(
-            [b.detach().clone() for b in model.buffers()] if model is not None else [],
-            (torch.get_rng_state(), np.random.get_state(), random.getstate()),
-        )
-
-    def restore(self, model: nn.Module | None) -> None:
-        if model is not None:
-            with torch.no_grad():
-                for b, saved in zip(model.buffers(), self.buffers, strict=True):
-                    b.copy_(saved)
-        torch.set_rng_state(self.rng[0])
-        np.random.set_state(self.rng[1])
-        random.setstate(self.rng[2])
-
-
-class Step:
-    """One global step: this rank's share of the step's indices, in micro-batches."""
-
-    def __init__(self, job: Job, membership: Membership) -> None:
-        self.job = job
-        self.membership = membership
-        self.number = job.step + 1  # 1-based: the step this trains
-        sampler = job.sampler
-        self.epoch = sampler.epoch
-        self.indices = sampler.next_global_batch(membership.plan.global_batch)  # the whole world's
-        self.ids = ElasticSampler.rank_slice(self.indices, membership.world.size, membership.world.rank)
-        n = sampler.dataset_size
-        before = position(sampler.epoch, sampler.state.consumed, n)
-        self.position = (before, before + len(self.indices) / n)  # epochs, before and after this step
-        if isinstance(job.optimizer, DynamicSGD):
-            # The schedule follows the samples seen, so a resize (any new world size) leaves it in place.
-            job.optimizer.set_schedule_factor(lr_factor(job.schedule, *self.position))
-        self.lr = _lr(job.optimizer)
-        self.loss_sum = torch.zeros((), dtype=torch.float64)
-        self._scale = membership.world.size / len(self.indices)
-        self._undo = _Undo.capture(job.model.module if job.model is not None else None)
-        self.committed = False
-        self.lost: recover.Lost | None = None  # a peer died in this step: it is redone in a new membership
-        if job.optimizer is not None:
-            job.optimizer.zero_grad(set_to_none=False)
-
-    def micro_batches(self) -> Iterator[Micro]:
-        """This rank's share in micro-batches; DDP syncs gradients only in the last one's backward.
-
-        A rank whose share is empty (an epoch's last, short step) gets one empty micro-batch: run it anyway
-        (an empty forward and backward), every rank must take part in the gradient all-reduce.
-        """
-        ddp = self.job.ddp
-        sizes = micro_batch_sizes(len(self.ids), self.job.config.micro_batch_size) or [0]
-        start = 0
-        for i, n in enumerate(sizes):
-            if self.lost is not None:
-                return  # the rest of a lost step is not run
-            last = i == len(sizes) - 1
-            with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # type: ignore[operator]
-                yield Micro(self.epoch, self.ids[start : start + n])
-            start += n
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of a micro-batch's *summed* loss, weighted so DDP's average is the global mean."""
-        if self.lost is not None:
-            return
-        scaled = loss * self._scale
-        scaler = self.job.scaler
-        with self.job.guard():  # the last micro-batch's backward all-reduces the gradients
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        self.loss_sum += loss.detach().double().cpu()
-
-    def optimizer_step(self) -> None:
-        """Commit the step (one all-reduce: the loss and every rank's stop code), then the optimizer step."""
-        job, w = self.job, self.membership.world
-        cfg = job.config
-        if self.lost is not None:
-            return
-        with job.guard():
-            if cfg.min_step_seconds > 0:
-                time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - job._t_last)))
-            if job._samples_log is not None:
-                # Logged before the commit: a rank killed right after it used to leave a committed step
-                # without its record (bench/chaos.py). A record of a step that never commits is harmless:
-                # the redo logs it again under a newer incarnation, and the checker keeps the newest.
-                job._samples_log.write(self.epoch, self.number, w.size, self.ids, lr=self.lr)
-            stats = torch.zeros(1 + w.size, dtype=torch.float64)
-            stats[0] = self.loss_sum
-            stats[1 + w.rank] = float(job.stop.code or job.inplace.code())
-            if w.dist_on:
-                dist.all_reduce(stats)
-        if self.lost is not None:
-            return  # the commit failed: nothing changed, the step is redone
-        job._commit(self, float(stats[0]) / len(self.indices), [int(c) for c in stats[1:].round().tolist()])
-
-
-def _lr(opt: torch.optim.Optimizer | None) -> float:
-    if isinstance(opt, DynamicSGD):
-        return opt.lr
-    return float(opt.param_groups[0]["lr"]) if opt is not None else math.nan
 
 
 class Job:
@@ -308,6 +142,7 @@ class Job:
         self.scaler: torch.amp.GradScaler | None = None
         self.extra: dict[str, Stateful] = {}
         self.membership: Membership | None = None
+        self.report = Report(ProgressReporter(""), None, 0, False)  # started by steps()
         self.incarnation = 0.0  # the current membership's (world.incarnation)
         self.inplace = InPlace()  # this rank's part in in-process leaves, joins and crash recoveries
         self.stopped_early = False  # stopped by a SIGTERM somewhere in the world
@@ -403,14 +238,14 @@ class Job:
         if not self.stopped_early and self.membership is not None:
             self._save(shared=True)
             if w.rank == 0:
-                payload = self._progress()
+                payload = progress(self)
                 payload.update(finished=True, **metrics)
                 # Synchronous and retried: the operator marks the job Succeeded from this report.
-                self._reporter.finish(payload)
+                self.report.reporter.finish(payload)
                 result = {"step": self.step, "loss": self.loss, "worldSize": w.size, **metrics}
                 print("ETJ_RESULT " + json.dumps(result), flush=True)
         if self.membership is not None:
-            self._reporter.close()
+            self.report.reporter.close()
         self.inplace.close(shut=not self.survivors_go_on)  # survivors going on in place keep admitting
         if w.dist_on and not self.survivors_go_on and dist.is_initialized():
             dist.barrier()  # the survivors of an in-process resize have left this group already
@@ -530,13 +365,7 @@ class Job:
                 + (f" from rank {src})" if src is not None else ", nothing to restore)"),
                 flush=True,
             )
-        self._prev_world = int(self.meta["world_size"]) if "world_size" in self.meta else None
-        self._restored_step = self.step
-        self._resize_pending = self._prev_world is not None and self._prev_world != w.size
-        self._reporter = ProgressReporter(self.config.progress_url if w.rank == 0 and not joiner else "")
-        self._last_reported_step: object = None
-        if w.rank == 0 and self._prev_world is not None and self.config.progress_url:
-            self._last_reported_step = (get_json(self.config.progress_url) or {}).get("step")
+        self.report = Report.start(self.config.progress_url, w, self.meta, self.step, joiner)
         if joiner:
             ticket = join.ask()
             if ticket is None:  # never admitted: the restart path (our agent joins the rendezvous)
@@ -595,8 +424,8 @@ class Job:
         """The step boundary: resize record, who stops, checkpoints, progress. Returns (where the
         survivors regroup to, whether this membership ends here)."""
         w, cfg = self.world, self.config
-        if self._resize_pending:
-            self._record_resize()
+        if self.report.resize_pending:
+            self.report.record_resize(self.meta, w, self.step)
         self.meta["last_step_time"] = time.time()
         stop_now = any(self._codes)
         regroup_to = None
@@ -630,28 +459,8 @@ class Job:
                 "time": time.time(),
             }
         if w.rank == 0:
-            first_after_resize = len(self.meta["resizes"]) > 0 and self.step == self._restored_step + 1
-            self._reporter.report(self._progress(), force=stop_now or first_after_resize)
+            self.report.report(self, stop_now)
         return regroup_to, stop_now
-
-    def _record_resize(self) -> None:
-        """The first step at a new world size: the resize entry (pause = last step at old size -> now)."""
-        self._resize_pending = False
-        last, w = self._last_reported_step, self.world
-        lost = max(0, last - self._restored_step) if isinstance(last, int) else 0
-        grew = w.size > (self._prev_world or 0)
-        self.meta["resizes"] = [
-            *self.meta["resizes"],
-            {
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "from": self._prev_world,
-                "to": w.size,
-                "reason": str(TrainerResize.SCALE_UP if grew else TrainerResize.SCALE_DOWN),
-                "pauseSeconds": round(time.time() - float(self.meta.get("last_step_time", time.time())), 3),
-                "stepsLost": lost,
-            },
-        ]
-        print(f"etj: resize {self._prev_world}->{w.size} done at step {self.step}", flush=True)
 
     def _regroup(self, to: Resize) -> None:
         """The world changes between two steps, in process (inplace.py): same state, next step."""
@@ -666,31 +475,8 @@ class Job:
             f"(world re-formed, state agreed in {time.monotonic() - t0:.2f} s)",
             flush=True,
         )
-        self._prev_world, self._resize_pending = old_size, True
-        self._restored_step, self._last_reported_step = self.step, None
+        self.report.resized_in_process(old_size, self.world, self.step, self.config.progress_url)
         self.survivors_go_on = False  # every rank of the old group that goes on is in the new one
-        if self.world.rank == 0 and not self._reporter.url:
-            self._reporter = ProgressReporter(self.config.progress_url)
-
-    def _progress(self) -> dict[str, Any]:
-        m = self.membership
-        assert m is not None
-        doc = ProgressDoc(
-            epoch=self.sampler.epoch,
-            step=self.step,
-            samples_seen=self.meta["samples_seen"],
-            samples_per_second=round(self.rate, 2),
-            loss=self.loss if math.isfinite(self.loss) else None,
-            world_size=self.world.size,
-            per_rank_batch=m.plan.per_rank_batch,
-            per_worker_batch=m.plan.per_worker_batch,
-            accumulation_steps=m.plan.accumulation_steps,
-            lr_multiplier=self.optimizer.lr_multiplier if isinstance(self.optimizer, DynamicSGD) else 1.0,
-            lr=float(self.meta.get("lr", _lr(self.optimizer))),  # the LR the last step trained with
-            last_checkpoint=self.meta.get("last_checkpoint"),
-            resizes=tuple(r for r in map(ResizeRecord.from_json, self.meta["resizes"]) if r is not None),
-        )
-        return doc.to_json()
 
 
 def _config_from_env(defaults: Mapping[str, Any]) -> TrainConfig:
