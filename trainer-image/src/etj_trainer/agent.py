@@ -223,14 +223,15 @@ def _worker(join_in_place: bool) -> None:
 
     stop = elastic.StopFlag().install()  # a SIGTERM during start-up must still end in a checkpoint
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
+    script = etj_env.SCRIPT.get(os.environ, "")
+    cfg = None if script else TrainConfig.from_env()  # a bad env value fails here, before the group forms
     if not join_in_place:  # a joiner forms its first group when the world admits it (join.py)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         group_sockets.init(backend, timeout=collective_timeout())
-    script = etj_env.SCRIPT.get(os.environ, "")
-    if script:
+    if cfg is None:
         run_script(json.loads(script))
     else:
-        train(TrainConfig.from_env(), stop)
+        train(cfg, stop)
     job = elastic.last_job()
     if dist.is_initialized():
         dist.destroy_process_group()
