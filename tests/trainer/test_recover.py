@@ -196,7 +196,7 @@ def _rank(rank: int, port: int) -> None:
     timeout = datetime.timedelta(seconds=90)
     group_sockets.init("gloo", store=dist.PrefixStore("pg", store), rank=rank, world_size=2, timeout=timeout)
 
-    def membership() -> Lost:  # like trainer._run_membership: the DDP wrapper lives in the step's frames
+    def membership() -> Lost:  # like elastic.Job.steps: the DDP wrapper lives on while the step fails
         ddp = nn.parallel.DistributedDataParallel(nn.Linear(2, 2).double())
 
         def step() -> None:
