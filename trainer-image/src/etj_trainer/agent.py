@@ -192,10 +192,15 @@ def worker_entry() -> None:
     _recorded(join_in_place=False)
 
 
-def join_worker_entry(local_rank: int, nproc: int) -> None:
+def join_worker_entry(local_rank: int, nproc: int, node: str) -> None:
     """A worker of a node that joins the running world in place (started by this agent, not torch's)."""
     os.environ.update(
-        {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(nproc), etj_env.JOIN_IN_PLACE.name: "1"}
+        {
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            etj_env.JOIN_IN_PLACE.name: "1",
+            etj_env.JOIN_NODE.name: node,  # the node's ranks are admitted together (join.ask)
+        }
     )
     _recorded(join_in_place=True)
 
@@ -376,8 +381,10 @@ def run_joiners(cfg: AgentConfig) -> int | None:
     """This node's workers join the running world in place (join.py); torch elastic's agent is not used,
     so no other agent restarts its workers. Returns the exit code, or None: take the restart path."""
     ctx = multiprocessing.get_context("forkserver")
+    node = f"{etj_env.WORKER_ID.get(os.environ, 'worker')}-{os.getpid()}-{time.time_ns()}"  # this attempt
     procs = [
-        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node)) for i in range(cfg.nproc_per_node)
+        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node, node))
+        for i in range(cfg.nproc_per_node)
     ]
     stopping: list[int] = []
 
