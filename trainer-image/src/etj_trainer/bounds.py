@@ -20,20 +20,29 @@ from etj_contract.replicas import KeyStore, Replicas, read
 log = logging.getLogger(__name__)
 
 
+READ_TIMEOUT_S = 2.0  # a lost store must not hold up the rendezvous that waits for its replacement
+
+
 def read_from(endpoint: str) -> Replicas | None:
     """The bounds on the job's store at ``endpoint`` (host:port); None when not set or not reachable (the
     store's own loss is store_link.py's business: the environment's bounds apply meanwhile)."""
     host, _, port = endpoint.rpartition(":")
     try:
-        return read(dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10)))
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=READ_TIMEOUT_S))
+        return read(store)
     except (dist.DistError, RuntimeError, ValueError) as e:
         log.info("replica bounds not read: %s", e)
         return None
 
 
 def max_workers(store: KeyStore | None, default: int) -> int:
-    """The job's maximum in pods: the operator's latest word, else ``default`` (the environment's)."""
-    bounds = read(store) if store is not None else None
+    """The job's maximum in pods: the operator's latest word, else ``default`` (the environment's, also
+    when the store does not answer: admitting fewer joiners is safe, failing the step is not)."""
+    try:
+        bounds = read(store) if store is not None else None
+    except (dist.DistError, RuntimeError) as e:
+        log.info("replica bounds not read: %s", e)
+        bounds = None
     return bounds.max if bounds is not None else default
 
 
