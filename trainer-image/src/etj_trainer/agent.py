@@ -360,13 +360,9 @@ def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
 
 
 def _set_min_nodes(handler: Any, n: int) -> bool:
-    """torch's rendezvous settings are frozen and private; its join op reads ``min_nodes`` on every poll."""
-    try:
-        object.__setattr__(handler._settings, "min_nodes", n)
-        return True
-    except Exception as e:  # guarded: the last call alone decides the first round then
-        log.warning("could not set the rendezvous' min_nodes: %s", e)
-        return False
+    from etj_trainer.bounds import set_rendezvous_nodes  # imports torch: not before the forkserver starts
+
+    return set_rendezvous_nodes(handler, min_nodes=n)  # guarded: else the last call alone decides
 
 
 def first_round_min_nodes(handler: Any, n: int, job_min: int, bound_s: float) -> None:
@@ -435,6 +431,7 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
+    from etj_trainer import bounds
     from etj_trainer.join import door_open
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
     from etj_trainer.store_link import STORE_ERRORS, ReconnectingRendezvous
@@ -490,12 +487,18 @@ def run_agent(cfg: AgentConfig) -> int:
             # The store can go between the round and the rank assignment torch does on it: wait for the
             # new store and join its round (the handler waits), instead of failing the agent.
             while True:
+                # `kubectl scale` since this agent started (bounds.py): every node of a round must agree
+                # on the maximum that completes it
+                job = bounds.read_from(cfg.endpoint)
+                if job is not None:
+                    bounds.set_rendezvous_nodes(handler.inner, max_nodes=job.max)
                 try:
                     super()._rendezvous(worker_group)
                     break
                 except STORE_ERRORS as e:
                     handler.store_lost(e)
-            _set_min_nodes(handler.inner, cfg.min_nodes)  # later rounds (the restart path): the job's minimum
+            # later rounds (the restart path): the job's minimum
+            _set_min_nodes(handler.inner, job.min if job is not None else cfg.min_nodes)
 
         def _restart_workers(self, worker_group: Any) -> None:
             if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self.last_result:

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
-from etj_trainer import join, recipe, recover, regroup
+from etj_trainer import bounds, join, recipe, recover, regroup
 from etj_trainer.batching import BatchPlan, ResizePolicy, micro_batch_sizes, plan_step
 from etj_trainer.checkpoint import CheckpointStore
 from etj_trainer.config import TrainConfig
@@ -550,7 +550,10 @@ def _regroup(
         old_size = to.old_size
         _sync_state(st, World.current(), behind=True)
     elif isinstance(to, regroup.Regroup) and to.admit:  # old ranks keep their numbers; joiners come after
-        membership, max_ranks = f"{loop.inc:.6f}", cfg.max_workers * w.local_size
+        # the job's maximum as the operator last set it: `kubectl scale` after this world started (bounds.py)
+        door_store = loop.door.store if loop.door is not None else None
+        max_ranks = bounds.max_workers(door_store, cfg.max_workers) * w.local_size
+        membership = f"{loop.inc:.6f}"
         adm = join.admission(loop.door, membership, st.step, w.rank, w.size, max_ranks)
         if not adm.joiners:
             return w  # they withdrew, or no room: nothing changes
