@@ -28,15 +28,18 @@ from kubernetes import client
 
 from etj_contract import env as etj_env
 from etj_contract.ports import PROGRESS_PORT
-from etj_contract.progress import MAX_BODY_BYTES
+from etj_contract.progress import MAX_BODY_BYTES, PROGRESS_PATH
+from etj_contract.replicas import REPLICAS_PATH, Replicas
 from etj_operator.decide.dataplane import job_token
 from etj_operator.k8s.client import KubeClient
+from etj_trainer import bounds
 from etj_trainer.local_launcher import free_port
 from etj_trainer.progress import get_json, post_json
 from tests.integration.opbed import Bed, OperatorProcess
 from tests.plugins.cluster import Cluster
 
 TOKEN = "s3cret-token"
+STORE_PORT = [0]  # the TCPStore's port of the module's store process
 
 
 def _status(url: str, body: bytes | None, headers: dict[str, str]) -> int:
@@ -58,8 +61,9 @@ def store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp_path = tmp_path_factory.mktemp("store")
     http_port = free_port()
     env = {**os.environ, etj_env.PROGRESS_TOKEN.name: TOKEN}
+    STORE_PORT[0] = free_port()
     cmd = [sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1",
-           "--port", str(free_port()), "--http-port", str(http_port)]  # fmt: skip
+           "--port", str(STORE_PORT[0]), "--http-port", str(http_port)]  # fmt: skip
     log = open(tmp_path / "store.log", "wb")  # noqa: SIM115 - the child owns it
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     log.close()
@@ -127,6 +131,31 @@ def test_the_operator_reads_progress_with_the_jobs_token(store_url: str) -> None
 
     assert asyncio.run(read(TOKEN)) == {"step": 5, "resizes": [], "finished": False}
     assert asyncio.run(read(None)) is None
+
+
+def test_the_operator_sets_the_replica_bounds_that_running_agents_read(store_url: str) -> None:
+    """`kubectl scale` reaches processes started before it (etj_contract.replicas): the operator POSTs the
+    bounds with the job's token, the store keeps them in its TCPStore, agents and rank 0 read them there."""
+    host, port = store_url.split("/")[2].split(":")
+    replicas = store_url.replace(PROGRESS_PATH, REPLICAS_PATH)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert bounds.read_from(f"127.0.0.1:{STORE_PORT[0]}") is None  # nothing said yet: the env's bounds
+
+    async def post(token: str | None) -> bool:
+        kube = KubeClient(client.ApiClient())
+        try:
+            return await kube.post_replicas(host, Replicas(1, 4), int(port), token=token)
+        finally:
+            await kube.close()
+
+    assert asyncio.run(post(None)) is False  # anyone else cannot resize the job
+    assert bounds.read_from(f"127.0.0.1:{STORE_PORT[0]}") is None
+    assert asyncio.run(post(TOKEN)) is True
+    assert bounds.read_from(f"127.0.0.1:{STORE_PORT[0]}") == Replicas(1, 4)
+    assert get_json(replicas, token=TOKEN) == {"min": 1, "max": 4}
+    for bad in (b'{"min": 3, "max": 2}', b'{"min": 0, "max": 2}', b'{"min": true, "max": 2}', b"[1, 4]"):
+        assert _status(replicas, bad, auth) == 400, bad
+    assert bounds.read_from(f"127.0.0.1:{STORE_PORT[0]}") == Replicas(1, 4)  # a bad request changed nothing
 
 
 # ---- the operator's objects on the real apiserver ------------------------------------------------------

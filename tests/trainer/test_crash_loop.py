@@ -1,12 +1,15 @@
-"""A deterministic trainer error (a bad data path) is a bounded crash loop (real processes): the agent
-restarts its workers a few times, reports the error line to the progress document, then exits 1 so its
-pod fails and the job's failure budget applies."""
+"""A deterministic trainer error (a bad data path, a bad env value, a corrupt JPEG) is a bounded crash loop
+(real processes): the agent restarts its workers a few times, reports the error line to the progress
+document, then exits 1 so its pod fails and the job's failure budget applies. The error line names the
+cause: for a corrupt JPEG, the sample and its file (DALI's own error names neither)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,17 +18,43 @@ from etj_contract import env as etj_env
 from etj_trainer.local_launcher import LocalAgents
 from etj_trainer.progress import get_json
 
-BAD_INPUTS = {
-    # name: (the job's bad setting, what its error line must name)
-    "a bad data path": ({"ETJ_DATA": "{tmp}/no-such-dataset"}, "FileNotFoundError: "),
-    "a bad env value": ({"ETJ_MIN_STEP_SECONDS": "soon"}, "ValueError: "),
+
+def _one_corrupt_jpeg(tmp: Path) -> None:
+    """16 digit JPEGs in two classes, one of them torn; a global batch of 16 reads them all at step 1."""
+    from etj_trainer.data import ensure_digits
+
+    for label in ("0", "1"):
+        (tmp / "jpegs" / "train" / label).mkdir(parents=True)
+        for f in sorted((ensure_digits(32) / "train" / label).glob("*.jpg"))[:8]:
+            shutil.copy(f, tmp / "jpegs" / "train" / label / f.name)
+    torn = sorted((tmp / "jpegs" / "train" / "1").glob("*.jpg"))[2]
+    torn.write_bytes(torn.read_bytes()[:40] + b"garbage" * 10)
+
+
+JPEGS = {
+    "ETJ_DATA": "{tmp}/jpegs",
+    "ETJ_MODEL": "etj_trainer.models:small_cnn",
+    "ETJ_GLOBAL_BATCH_SIZE": "16",
+}
+BAD_INPUTS: dict[str, tuple[dict[str, str], str, Callable[[Path], None] | None]] = {
+    # name: (the job's bad setting, what its error line must name, what to put on disk first)
+    "a bad data path": ({"ETJ_DATA": "{tmp}/no-such-dataset"}, "FileNotFoundError: ", None),
+    "a bad env value": ({"ETJ_MIN_STEP_SECONDS": "soon"}, "ValueError: ", None),
+    "a corrupt JPEG": (
+        {**JPEGS, "ETJ_MICRO_BATCH_SIZE": "16", "ETJ_DTYPE": "float32"},
+        "CorruptImageError: sample 10 ({tmp}/jpegs/train/1/",
+        _one_corrupt_jpeg,
+    ),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_a_bad_input_fails_the_agent_with_its_error_in_the_progress_doc(tmp_path: Path, case: str) -> None:
-    bad, names = BAD_INPUTS[case]
+    bad, names, prepare = BAD_INPUTS[case]
+    if prepare is not None:
+        prepare(tmp_path)
+    names = names.replace("{tmp}", str(tmp_path))
     env = {
         **os.environ,
         etj_env.JOB_NAME.name: "baddata",

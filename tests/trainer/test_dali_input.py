@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from etj_trainer.config import TrainConfig
-from etj_trainer.dali_input import DaliImageSource, list_folder_samples, list_tar_samples
+from etj_trainer.dali_input import CorruptImageError, DaliImageSource, list_folder_samples, list_tar_samples
 from etj_trainer.data import ensure_digits
 from etj_trainer.trainer import train
 
@@ -63,6 +64,37 @@ def test_trainer_learns_digits_through_dali(tiny_cfg: TrainConfig) -> None:
     result = train(cfg)
     assert result.step == 45 and result.accuracy is not None
     assert result.accuracy > 0.5  # well above chance (0.1) after one epoch of real JPEGs
+
+
+def _corrupt(path: Path) -> None:
+    """Keep the JPEG's first bytes (a valid start of image), then garbage: what a torn copy leaves."""
+    path.write_bytes(path.read_bytes()[:40] + b"garbage" * 10)
+
+
+def test_a_corrupt_jpeg_is_named_in_the_error(digits_dir: Path, tmp_path: Path) -> None:
+    """DALI says only "nvImageCodec failure: '#3'" and "Current pipeline object is no longer valid": the
+    operator shows the trainer's last error line as the cause, so the sample must be named (issue 15)."""
+    shutil.copytree(digits_dir / "val", tmp_path / "val")
+    table = list_folder_samples(tmp_path / "val")
+    assert table.paths is not None
+    _corrupt(table.paths[21])
+    src = DaliImageSource(table, image_size=16, use_gpu=False, max_batch=8)
+    stream = [np.arange(0, 8), np.arange(8, 16), np.arange(16, 24), np.arange(24, 32)]
+    with pytest.raises(CorruptImageError, match=rf"sample 21 \({table.paths[21]}\) does not decode"):
+        list(src.batches(iter(stream)))
+
+
+def test_a_corrupt_jpeg_in_a_tar_is_named_by_its_member(digits_dir: Path, tmp_path: Path) -> None:
+    tar = tmp_path / "val.tar"
+    shutil.copy(digits_dir / "val.tar", tar)
+    table = list_tar_samples(tar)
+    assert table.offsets is not None and table.names is not None
+    with open(tar, "r+b") as f:  # overwrite sample 3's bytes after its first 40 in place
+        f.seek(int(table.offsets[3]) + 40)
+        f.write(b"\xff\xd9" * 30)
+    src = DaliImageSource(table, image_size=16, use_gpu=False, max_batch=8)
+    with pytest.raises(CorruptImageError, match=rf"sample 3 \({tar}:{table.names[3]}\)"):
+        list(src.batches(iter([np.arange(0, 8)])))
 
 
 @pytest.mark.gpu

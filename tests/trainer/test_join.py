@@ -4,6 +4,8 @@ tensor-by-tensor transfer between two gloo processes."""
 from __future__ import annotations
 
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,10 +17,13 @@ from etj_trainer.join import plan_admission
 from etj_trainer.state_sync import broadcast_state, buckets
 
 ADMISSIONS = {
-    "room for all: everyone, oldest first": (["a", "b"], 2, 8, ("a", "b")),
-    "room for one": (["a", "b"], 3, 4, ("a",)),
-    "at the maximum: nobody (they take the restart path after their wait)": (["a"], 4, 4, ()),
+    "room for all: everyone, oldest first": (["a:1", "b:1"], 2, 8, (("a", 1), ("b", 1))),
+    "room for one": (["a:1", "b:1"], 3, 4, (("a", 1),)),
+    "at the maximum: nobody (they take the restart path after their wait)": (["a:1"], 4, 4, ()),
     "nobody waiting": ([], 1, 4, ()),
+    "a node's ranks come together": (["pod-b-7-1:2"], 2, 4, (("pod-b-7-1", 2),)),
+    "never part of a node: room for 1 of its 2 ranks admits nobody": (["a:2"], 3, 4, ()),
+    "oldest first: a smaller node does not overtake a bigger one": (["a:2", "b:1"], 3, 4, ()),
 }
 
 
@@ -91,3 +96,47 @@ def test_broadcast_state_moves_tensors_in_bounded_slices_into_the_receivers_own_
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_transfer, args=(str(Path(tmp) / "init"), str(Path(tmp) / "ok")), nprocs=2, join=True)
         assert Path(tmp, "ok").read_text() == "True"
+
+
+def test_a_nodes_ranks_are_admitted_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in a clean-clone run under load: the two ranks of a joining 2-process pod were admitted at two
+    step boundaries (2->3->4) because each queued by itself. Now the node queues once all its ranks are
+    warm: an admission at a boundary between the two finds nobody, the next one takes both."""
+    import threading
+    from datetime import timedelta
+
+    from etj_contract import env as etj_env
+    from etj_trainer.join import Door, Ticket, ask
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(60))
+    monkeypatch.setenv(etj_env.RDZV_ENDPOINT.name, f"127.0.0.1:{master.port}")
+    monkeypatch.setenv(etj_env.RDZV_ID.name, "together")
+    door = Door.open()
+    tickets: dict[int, Ticket | None] = {}
+
+    def joiner(local_rank: int) -> None:
+        tickets[local_rank] = ask(wait_s=60, local_rank=local_rank, procs=2, node="pod-b")
+
+    first = threading.Thread(target=joiner, args=(0,))
+    first.start()
+    prefix = "etj-join/together"
+    # rank 0 of the node is in: counted warm (today) or queued (before the fix)
+    _until(lambda: master.check([f"{prefix}/warm/pod-b"]) or int(master.add(f"{prefix}/n", 0)) > 0)
+    early = door.admit("m", 5, world=2, max_ranks=4)  # a step boundary while rank 1 still warms up
+    assert (early.joiners, early.new_size) == ((), 2)
+    second = threading.Thread(target=joiner, args=(1,))
+    second.start()
+    _until(lambda: int(master.add(f"{prefix}/n", 0)) > door.admitted)  # the node queued
+    late = door.admit("m", 6, world=2, max_ranks=4)
+    assert (late.joiners, late.new_size) == (("pod-b",), 4)
+    first.join(60)
+    second.join(60)
+    door.close(shut=True)
+    assert tickets == {0: Ticket(late.key, 2, 4, 2), 1: Ticket(late.key, 3, 4, 2)}
+
+
+def _until(cond: Callable[[], bool], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.01)

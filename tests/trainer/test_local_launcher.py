@@ -11,8 +11,13 @@ from etj_trainer.sample_log import consumed_per_epoch
 
 
 def test_parse_schedule() -> None:
-    evs = parse_schedule("40:-1, 10:+2,70:!1")
-    assert [(e.step, e.action, e.count) for e in evs] == [(10, "+", 2), (40, "-", 1), (70, "!", 1)]
+    evs = parse_schedule("40:-1, 10:+2,70:!1,5:^4")
+    assert [(e.step, e.action, e.count) for e in evs] == [
+        (5, "^", 4),
+        (10, "+", 2),
+        (40, "-", 1),
+        (70, "!", 1),
+    ]
     with pytest.raises(ValueError):
         parse_schedule("10:*1")
 
@@ -150,6 +155,22 @@ def test_a_join_while_the_world_restarts_below_its_minimum_takes_the_rendezvous(
     joiner = logs["worker-2.log"]
     assert "asking to be admitted" not in joiner or "not admitted: the door shut" in joiner, joiner
     _assert_exactly_once(samples, epochs=2)
+
+
+@pytest.mark.slow
+def test_kubectl_scale_grows_the_running_world(tmp_path: Path) -> None:
+    # issue 15: a job of at most 2 scaled to 4 while it runs. The running agents and rank 0 started with a
+    # maximum of 2 in their environment: without the operator's bounds on the store, rank 0 turned the new
+    # nodes away and the old agents completed every rendezvous round at 2, so the world never grew.
+    samples = tmp_path / "samples"
+    env = _tiny_job(samples, epochs=4, min_step_seconds=0.15)
+    result = run_local(2, parse_schedule("10:^4,10:+2"), env, tmp_path / "logs", timeout_s=600)
+    assert result.get("finished") is True, result
+    sizes = [(r["from"], r["to"]) for r in result["resizes"]]  # type: ignore[index]
+    # grown to 4, in one resize or two (the new nodes may come ready apart), and never shrunk
+    assert sizes and sizes[-1][1] == 4 and all(b > a for a, b in sizes), sizes
+    assert result["agentExitCodes"] == [0, 0, 0, 0], result
+    _assert_exactly_once(samples, epochs=4)
 
 
 def _tiny_job(samples: Path, epochs: int, min_step_seconds: float) -> dict[str, str]:

@@ -332,6 +332,12 @@ AGENT_STATE_FILE = _var(
 JOIN_IN_PLACE = _var(
     "JOIN_IN_PLACE", truthy, "this worker joins the running world at a step boundary", set_by=SetBy.AGENT
 )
+JOIN_NODE = _var(
+    "JOIN_NODE",
+    str,
+    "this joining worker's node (one id per join attempt): a node's ranks are admitted together",
+    set_by=SetBy.AGENT,
+)
 AGENT_PID = _var("AGENT_PID", int, "the agent's pid: its forkserver dies with it", set_by=SetBy.AGENT)
 
 # Every variable above, in the order written (the order worker_env sets them and docs/contract.md lists them).

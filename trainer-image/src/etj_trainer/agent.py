@@ -194,10 +194,15 @@ def worker_entry() -> None:
     _recorded(join_in_place=False)
 
 
-def join_worker_entry(local_rank: int, nproc: int) -> None:
+def join_worker_entry(local_rank: int, nproc: int, node: str) -> None:
     """A worker of a node that joins the running world in place (started by this agent, not torch's)."""
     os.environ.update(
-        {"LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(nproc), etj_env.JOIN_IN_PLACE.name: "1"}
+        {
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            etj_env.JOIN_IN_PLACE.name: "1",
+            etj_env.JOIN_NODE.name: node,  # the node's ranks are admitted together (join.ask)
+        }
     )
     _recorded(join_in_place=True)
 
@@ -380,13 +385,9 @@ def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
 
 
 def _set_min_nodes(handler: Any, n: int) -> bool:
-    """torch's rendezvous settings are frozen and private; its join op reads ``min_nodes`` on every poll."""
-    try:
-        object.__setattr__(handler._settings, "min_nodes", n)
-        return True
-    except Exception as e:  # guarded: the last call alone decides the first round then
-        log.warning("could not set the rendezvous' min_nodes: %s", e)
-        return False
+    from etj_trainer.bounds import set_rendezvous_nodes  # imports torch: not before the forkserver starts
+
+    return set_rendezvous_nodes(handler, min_nodes=n)  # guarded: else the last call alone decides
 
 
 def first_round_min_nodes(handler: Any, n: int, job_min: int, bound_s: float) -> None:
@@ -401,8 +402,10 @@ def run_joiners(cfg: AgentConfig) -> int | None:
     """This node's workers join the running world in place (join.py); torch elastic's agent is not used,
     so no other agent restarts its workers. Returns the exit code, or None: take the restart path."""
     ctx = multiprocessing.get_context("forkserver")
+    node = f"{etj_env.WORKER_ID.get(os.environ, 'worker')}-{os.getpid()}-{time.time_ns()}"  # this attempt
     procs = [
-        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node)) for i in range(cfg.nproc_per_node)
+        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node, node))
+        for i in range(cfg.nproc_per_node)
     ]
     stopping: list[int] = []
 
@@ -453,6 +456,7 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
+    from etj_trainer import bounds
     from etj_trainer.join import door_open
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
     from etj_trainer.store_link import STORE_ERRORS, ReconnectingRendezvous
@@ -508,12 +512,18 @@ def run_agent(cfg: AgentConfig) -> int:
             # The store can go between the round and the rank assignment torch does on it: wait for the
             # new store and join its round (the handler waits), instead of failing the agent.
             while True:
+                # `kubectl scale` since this agent started (bounds.py): every node of a round must agree
+                # on the maximum that completes it
+                job = bounds.read_from(cfg.endpoint)
+                if job is not None:
+                    bounds.set_rendezvous_nodes(handler.inner, max_nodes=job.max)
                 try:
                     super()._rendezvous(worker_group)
                     break
                 except STORE_ERRORS as e:
                     handler.store_lost(e)
-            _set_min_nodes(handler.inner, cfg.min_nodes)  # later rounds (the restart path): the job's minimum
+            # later rounds (the restart path): the job's minimum
+            _set_min_nodes(handler.inner, job.min if job is not None else cfg.min_nodes)
 
         def _restart_workers(self, worker_group: Any) -> None:
             if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self.last_result:

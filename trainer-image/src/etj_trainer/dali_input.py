@@ -17,12 +17,20 @@ The pipeline's batch size is the largest micro-batch the trainer will feed (``ma
 
 Two on-disk layouts: a folder tree ``<class>/<file>.jpg`` (class index = sorted folder order) and a
 webdataset-style ``.tar`` (``<key>.jpg`` + ``<key>.cls``), read by offset from an mmap without unpacking.
+
+A sample that does not decode fails the pipeline with an error that names no sample ("nvImageCodec failure:
+'#3'", then "Current pipeline object is no longer valid"): the last line of the trainer's log, which the
+operator shows as the cause (issue 15), would say nothing useful. So on a pipeline error the samples fed
+since the last good batch are decoded once more with Pillow and the first that fails is named
+(``CorruptImageError``: its file, or tar member, and sample id).
 """
 
 from __future__ import annotations
 
+import io
 import mmap
 import tarfile
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +44,10 @@ from etj_trainer.data import MEAN, STD, Augmenter, StreamItem, unpack
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
+class CorruptImageError(ValueError):
+    """A sample's encoded bytes do not decode (a truncated or corrupt JPEG, say)."""
+
+
 @dataclass
 class SampleTable:
     """Where each sample's encoded bytes live; the row number is the sample id the sampler uses."""
@@ -45,6 +57,13 @@ class SampleTable:
     tar_path: Path | None = None  # packed layout
     offsets: np.ndarray | None = None
     sizes: np.ndarray | None = None
+    names: list[str] | None = None  # packed layout: each sample's member name
+
+    def where(self, i: int) -> str:
+        """Where sample ``i`` lives, for an error message."""
+        if self.paths is not None:
+            return str(self.paths[i])
+        return f"{self.tar_path}:{self.names[i] if self.names else i}"
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -65,6 +84,7 @@ def list_folder_samples(root: Path) -> SampleTable:
 
 def list_tar_samples(path: Path) -> SampleTable:
     images: dict[str, tuple[int, int]] = {}
+    members: dict[str, str] = {}
     labels: dict[str, int] = {}
     with tarfile.open(path, "r:") as tar:
         for m in tar:
@@ -73,6 +93,7 @@ def list_tar_samples(path: Path) -> SampleTable:
             key, _, ext = m.name.rpartition(".")
             if "." + ext.lower() in IMAGE_SUFFIXES:
                 images[key] = (m.offset_data, m.size)
+                members[key] = m.name
             elif ext == "cls":
                 f = tar.extractfile(m)
                 assert f is not None
@@ -86,6 +107,7 @@ def list_tar_samples(path: Path) -> SampleTable:
         tar_path=path,
         offsets=np.asarray([images[k][0] for k in keys], dtype=np.int64),
         sizes=np.asarray([images[k][1] for k in keys], dtype=np.int64),
+        names=[members[k] for k in keys],
     )
 
 
@@ -112,6 +134,8 @@ class DaliImageSource:
         self.max_batch = max_batch
         self.use_gpu = torch.cuda.is_available() if use_gpu is None else use_gpu
         self._mm: mmap.mmap | None = None
+        # the sample ids fed to the pipeline and not yet returned in a batch (prefetch runs ahead)
+        self._in_flight: deque[list[int]] = deque()
         if table.tar_path is not None:
             with open(table.tar_path, "rb") as f:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -132,6 +156,7 @@ class DaliImageSource:
                 raise ValueError(
                     f"micro-batch of {len(idx)} exceeds the pipeline's max batch {self.max_batch}"
                 )
+            self._in_flight.append([int(i) for i in idx])
             jpegs = [self._encoded(int(i)) for i in idx]
             labels = [np.asarray([self.table.labels[int(i)]], dtype=np.int64) for i in idx]
             if not self.augment.on:
@@ -205,14 +230,40 @@ class DaliImageSource:
     def batches(self, index_stream: Iterator[StreamItem]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
 
+        self._in_flight.clear()
         p = self.build_pipeline(index_stream)
-        it = DALIGenericIterator([p], ["images", "labels"], auto_reset=False)
+        it = None
         try:
-            for out in it:
+            while True:
+                try:
+                    if it is None:  # its constructor already runs the pipeline (prefetch)
+                        it = DALIGenericIterator([p], ["images", "labels"], auto_reset=False)
+                    out = next(it)
+                except StopIteration:
+                    return
+                except RuntimeError as e:
+                    self._name_the_corrupt_sample(e)
+                    raise
+                if self._in_flight:
+                    self._in_flight.popleft()
                 d = out[0]
                 yield d["images"].to(self.dtype), d["labels"].reshape(-1)
         finally:
             del it, p
+
+    def _name_the_corrupt_sample(self, error: RuntimeError) -> None:
+        """Raise ``CorruptImageError`` for the first in-flight sample that Pillow cannot decode either."""
+        from PIL import Image
+
+        for ids in self._in_flight:
+            for i in ids:
+                try:
+                    with Image.open(io.BytesIO(self._encoded(i).tobytes())) as img:
+                        img.load()
+                except (OSError, SyntaxError, ValueError) as bad:
+                    raise CorruptImageError(
+                        f"sample {i} ({self.table.where(i)}) does not decode ({type(bad).__name__})"
+                    ) from error
 
     def close(self) -> None:
         if self._mm is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from etj_trainer import join, recover, regroup
+from etj_trainer import bounds, join, recover, regroup
 from etj_trainer.state_sync import broadcast_state, newest_step
 from etj_trainer.world import World
 
@@ -67,9 +67,10 @@ class InPlace:
             old_size = to.old_size
             sync_state(job, World.current(), behind=True)
         elif isinstance(to, regroup.Regroup) and to.admit:  # old ranks keep their numbers; joiners after
-            adm = join.admission(
-                self.door, membership, job.step, w.rank, w.size, cfg.max_workers * w.local_size
-            )
+            # the job's maximum as the operator last set it: `kubectl scale` after this world started
+            door_store = self.door.store if self.door is not None else None
+            max_ranks = bounds.max_workers(door_store, cfg.max_workers) * w.local_size
+            adm = join.admission(self.door, membership, job.step, w.rank, w.size, max_ranks)
             if not adm.joiners:
                 return None
             regroup.reform(adm.key, w.rank, adm.new_size)

@@ -28,6 +28,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -40,24 +41,39 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.02  # how often rank 0's door looks at the waiting list (a thread; the step never waits on it)
 JOIN_WAIT_S = 120.0  # a joiner not admitted by then withdraws and takes the restart path
+JOIN_WAIT_GRACE_S = 30.0  # how much longer a node's other ranks wait for its local rank 0's withdrawal
 WITHDRAWN = "withdrawn"
 
 
-def plan_admission(waiting: list[str], world: int, max_ranks: int) -> tuple[str, ...]:
-    """Who is admitted now: the waiting joiners, oldest first, as far as the job's maximum allows."""
-    room = max(0, max_ranks - world)
-    return tuple(waiting[:room])
+def entry(node: str, procs: int) -> str:
+    """A node's line in the waiting list: its id and how many ranks it brings."""
+    return f"{node}:{procs}"
+
+
+def parse_entry(line: str) -> tuple[str, int]:
+    node, _, procs = line.rpartition(":")
+    return node, int(procs)
+
+
+def plan_admission(waiting: list[str], world: int, max_ranks: int) -> tuple[tuple[str, int], ...]:
+    """Which waiting nodes are admitted now, with their rank counts: oldest first, whole nodes only (a
+    pod's ranks come and go together), as far as the job's maximum allows."""
+    admitted: list[tuple[str, int]] = []
+    room = max_ranks - world
+    for node, procs in map(parse_entry, waiting):
+        if procs > room:
+            break  # the rest wait for room; oldest first, so nobody overtakes a bigger node
+        admitted.append((node, procs))
+        room -= procs
+    return tuple(admitted)
 
 
 @dataclass(frozen=True)
 class Admission:
     key: str  # the store prefix the new world forms under
     old_size: int
-    joiners: tuple[str, ...]
-
-    @property
-    def new_size(self) -> int:
-        return self.old_size + len(self.joiners)
+    joiners: tuple[str, ...]  # the admitted nodes
+    new_size: int
 
 
 @dataclass(frozen=True)
@@ -140,18 +156,22 @@ class Door:
         ids = [self.store.get(f"{self.prefix}/waiting/{i}").decode() for i in range(self.admitted, n)]
         key = f"join/{membership}/{step}"
         joiners: list[str] = []
-        for jid in plan_admission(ids, world, max_ranks):
-            ticket = json.dumps({"key": key, "rank": world + len(joiners), "old": world})
-            if self.store.compare_set(f"{self.prefix}/ticket/{jid}", "", ticket).decode() == ticket:
-                joiners.append(jid)  # else: it withdrew
+        size = world
+        for node, procs in plan_admission(ids, world, max_ranks):
+            ticket = json.dumps({"key": key, "rank": size, "old": world})  # its local rank 0's rank
+            if self.store.compare_set(f"{self.prefix}/ticket/{node}", "", ticket).decode() == ticket:
+                joiners.append(node)  # else: it withdrew
+                size += procs
         # Everyone looked at is handled: one left out for lack of room (the job is at its maximum) is not
         # asked again; it withdraws after JOIN_WAIT_S and takes the restart path.
         self.store.add(f"{self.prefix}/handled", n - self.admitted)
         self.admitted = n
-        adm = Admission(key, world, tuple(joiners))
+        adm = Admission(key, world, tuple(joiners), size)
         # The final size, now that it is known, for the joiners (their ticket said where, this says how many).
         self.store.set(f"{self.prefix}/size/{key}", str(adm.new_size))
-        self.store.set(f"{self.prefix}/admission/{membership}/{step}", json.dumps([key, world, joiners]))
+        self.store.set(
+            f"{self.prefix}/admission/{membership}/{step}", json.dumps([key, world, joiners, adm.new_size])
+        )
         return adm
 
 
@@ -165,8 +185,8 @@ def admission(
     store = door.store if door is not None else _client()
     k = f"{_prefix()}/admission/{membership}/{step}"
     store.wait([k])
-    key, old, joiners = json.loads(store.get(k))
-    return Admission(key, int(old), tuple(joiners))
+    key, old, joiners, new_size = json.loads(store.get(k))
+    return Admission(key, int(old), tuple(joiners), int(new_size))
 
 
 def code(door: Door | None) -> regroup.StopCode:
@@ -174,19 +194,43 @@ def code(door: Door | None) -> regroup.StopCode:
     return regroup.StopCode.ADMIT if door is not None and door.pending else regroup.StopCode.RUN
 
 
-def ask(wait_s: float = JOIN_WAIT_S) -> Ticket | None:
-    """The joiner's side (once warm): queue up and wait for a ticket; None if withdrawn after ``wait_s``."""
+def ask(
+    wait_s: float = JOIN_WAIT_S, local_rank: int | None = None, procs: int | None = None, node: str = ""
+) -> Ticket | None:
+    """The joiner's side (once warm): queue up and wait for a ticket; None if withdrawn after ``wait_s``.
+
+    A node's ranks are admitted together (seen under load: the two ranks of a 2-process pod admitted at
+    two step boundaries, 2->3->4): each counts itself warm on the store, the node's local rank 0 queues the
+    node once all of them are, and withdraws it if need be; the ticket says where the node's ranks start.
+    """
     store, prefix = _client(), _prefix()
-    jid = f"{os.environ.get(etj_env.WORKER_ID.name, 'worker')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    i = int(store.add(f"{prefix}/n", 1)) - 1
-    store.set(f"{prefix}/waiting/{i}", jid)
-    tk = f"{prefix}/ticket/{jid}"
+    if local_rank is None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if procs is None:
+        procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    node = node or etj_env.JOIN_NODE.get(os.environ, "") or (
+        f"{os.environ.get(etj_env.WORKER_ID.name, 'worker')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    )
+    tk = f"{prefix}/ticket/{node}"
     deadline = time.monotonic() + wait_s
-    # Polled, not one long store.wait: the door may shut meanwhile (the world stopped), and a long wait
-    # that times out can leave the connection unusable for the withdrawal below.
-    while not store.check([tk]) and store.check([f"{prefix}/open"]) and time.monotonic() < deadline:
-        time.sleep(POLL_S * 10)
-    got = store.compare_set(tk, "", WITHDRAWN).decode()
+
+    def waiting_for(done: Callable[[], bool]) -> None:
+        # Polled, not one long store.wait: the door may shut meanwhile (the world stopped), and a long
+        # wait that times out can leave the connection unusable for the withdrawal below.
+        while not done() and store.check([f"{prefix}/open"]) and time.monotonic() < deadline:
+            time.sleep(POLL_S * 10)
+
+    store.add(f"{prefix}/warm/{node}", 1)
+    if local_rank == 0:
+        waiting_for(lambda: int(store.add(f"{prefix}/warm/{node}", 0)) >= procs)
+        i = int(store.add(f"{prefix}/n", 1)) - 1
+        store.set(f"{prefix}/waiting/{i}", entry(node, procs))
+        waiting_for(lambda: store.check([tk]))
+        got = store.compare_set(tk, "", WITHDRAWN).decode()
+    else:  # the node's local rank 0 decides: admitted, or withdrawn (then it writes WITHDRAWN)
+        while not store.check([tk]) and time.monotonic() < deadline + JOIN_WAIT_GRACE_S:
+            time.sleep(POLL_S * 10)
+        got = store.get(tk).decode() if store.check([tk]) else WITHDRAWN
     if got == WITHDRAWN:
         why = "the door shut (the world stopped)" if time.monotonic() < deadline else f"{wait_s:.0f} s passed"
         print(f"etj: not admitted: {why}; withdrawing", flush=True)
@@ -194,4 +238,4 @@ def ask(wait_s: float = JOIN_WAIT_S) -> Ticket | None:
     t = json.loads(got)
     store.wait([f"{prefix}/size/{t['key']}"])
     size = int(store.get(f"{prefix}/size/{t['key']}"))
-    return Ticket(t["key"], int(t["rank"]), size, int(t["old"]))
+    return Ticket(t["key"], int(t["rank"]) + local_rank, size, int(t["old"]))

@@ -5,7 +5,9 @@ as pods), each running ``--procs-per-node`` training processes (ranks; a pod's `
 follows the progress channel and changes membership at given steps. Schedule syntax, comma separated
 ``STEP:ACTION``, counted in nodes (all of a node's ranks come and go together): ``+K`` start K agents,
 ``-K`` SIGTERM the K newest agents (a graceful spot notice), ``!K`` SIGKILL them and everything they
-started (a hard loss). Example: ``--nodes 2 --procs-per-node 2 --schedule 20:+1,40:-2,60:+1``. The
+started (a hard loss), ``^K`` set the job's maximum to K nodes (``kubectl scale``: the operator POSTs the
+bounds to the store, and agents started later get K in their environment). Example: ``--nodes 2
+--procs-per-node 2 --schedule 20:+1,40:-2,60:+1``, or ``10:^4,10:+2`` to scale a job of 2 to 4. The
 schedule starts once the first N nodes all train together: on a busy machine the world may first form
 with fewer (the others join in a resize of their own), and a ``-1`` must not hit a node still starting.
 """
@@ -25,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etj_contract import env as etj_env
-from etj_trainer.progress import get_json
+from etj_contract.progress import PROGRESS_PATH
+from etj_contract.replicas import REPLICAS_PATH, Replicas
+from etj_trainer.progress import get_json, post_json
 
 
 def launch_store(
@@ -50,7 +54,7 @@ def launch_store(
 @dataclass
 class ScheduleEvent:
     step: int
-    action: str  # "+", "-", "!"
+    action: str  # "+", "-", "!", "^"
     count: int
 
 
@@ -58,8 +62,8 @@ def parse_schedule(text: str) -> list[ScheduleEvent]:
     events = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         step, action = item.split(":", 1)
-        if action[0] not in "+-!":
-            raise ValueError(f"bad schedule action {action!r} (use +K, -K or !K)")
+        if action[0] not in "+-!^":
+            raise ValueError(f"bad schedule action {action!r} (use +K, -K, !K or ^K)")
         events.append(ScheduleEvent(int(step), action[0], int(action[1:] or "1")))
     return sorted(events, key=lambda e: e.step)
 
@@ -110,7 +114,11 @@ class LocalAgents:
     def apply(self, ev: ScheduleEvent) -> None:
         self.events.append({"time": time.time(), "step": ev.step, "action": f"{ev.action}{ev.count}"})
         print(f"etj-train local: step {ev.step}: {ev.action}{ev.count}", file=sys.stderr, flush=True)
-        if ev.action == "+":
+        if ev.action == "^":  # what the operator does on `kubectl scale` (etj_contract.replicas)
+            bounds = Replicas(int(self.env.get(etj_env.MIN_WORKERS.name, "1")), ev.count)
+            post_json(self.progress_url.replace(PROGRESS_PATH, REPLICAS_PATH), bounds.to_json())
+            self.env[etj_env.MAX_WORKERS.name] = str(ev.count)
+        elif ev.action == "+":
             for _ in range(ev.count):
                 self.start_agent()
         else:

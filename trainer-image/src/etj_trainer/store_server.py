@@ -4,12 +4,13 @@ Hosts the TCPStore that torch elastic's c10d rendezvous uses (outside every work
 rank 0 included, never loses the rendezvous state) and a tiny HTTP server for the progress channel:
 ``POST /progress`` merges the JSON body into the stored document (``etj_contract.progress.merge``: resize
 records accumulate, a finished report stays finished), ``GET /progress`` returns it, ``GET /healthz`` is a
-liveness probe.
+liveness probe. ``POST /replicas`` is the operator's: the job's current replica bounds, kept in the
+TCPStore for the running agents and rank 0 (``etj_contract.replicas``: ``kubectl scale`` reaches them).
 
-Both ``/progress`` verbs require the job's token (``ETJ_PROGRESS_TOKEN``, from the job's Secret) as
-``Authorization: Bearer <token>``, and bodies over ``MAX_BODY_BYTES`` are refused unread: any pod the
-network lets in could otherwise end the job with a forged ``finished`` report or exhaust the store's
-memory (docs/operator.md, "Threat model").
+Every ``/progress`` and ``/replicas`` request requires the job's token (``ETJ_PROGRESS_TOKEN``, from the
+job's Secret) as ``Authorization: Bearer <token>``, and bodies over ``MAX_BODY_BYTES`` are refused unread:
+any pod the network lets in could otherwise end the job with a forged ``finished`` report, shrink its
+world, or exhaust the store's memory (docs/operator.md, "Threat model").
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,6 +37,7 @@ from etj_contract.progress import (
     ProgressDoc,
     merge,
 )
+from etj_contract.replicas import REPLICAS_PATH, STORE_KEY, Replicas
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +57,15 @@ class ProgressState:
 
 
 def make_http_server(
-    host: str, port: int, state: ProgressState, token: str | None = None
+    host: str,
+    port: int,
+    state: ProgressState,
+    token: str | None = None,
+    set_replicas: Callable[[Replicas], None] | None = None,
 ) -> ThreadingHTTPServer:
-    """The progress endpoint; ``token`` (None or empty: none) is required on ``/progress``."""
+    """The progress endpoint and the operator's ``/replicas``; ``token`` (None or empty: none) is required
+    on both. ``set_replicas`` keeps the bounds the operator POSTs (in the job's TCPStore)."""
+    current: list[Replicas] = []
     expected = f"{TOKEN_SCHEME} {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
@@ -84,36 +93,56 @@ def make_http_server(
             if self.path == PROGRESS_PATH:
                 if self._authorized():
                     self._send(200, json.dumps(state.get()).encode())
+            elif self.path == REPLICAS_PATH:
+                if self._authorized():
+                    self._send(200, json.dumps(current[-1].to_json() if current else {}).encode())
             elif self.path == "/healthz":
                 self._send(200, b"ok", "text/plain")
             else:
                 self._send(404, b"{}")
 
-        def do_POST(self) -> None:
-            if self.path != PROGRESS_PATH:
-                self._send(404, b"{}")
-                return
-            if not self._authorized():
-                return
+        def _body(self) -> dict[str, Any] | None:
+            """The request's JSON object, or None once an error has been answered."""
             raw = self.headers.get("Content-Length")
             if raw is None or not raw.isdigit():
                 self.close_connection = True
                 self._send(411, b'{"error": "Content-Length required"}')
-                return
+                return None
             length = int(raw)
             if length > MAX_BODY_BYTES:
                 self.close_connection = True
                 self._send(413, b'{"error": "body too large"}')
-                return
+                return None
             try:
                 doc = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 self._send(400, b'{"error": "invalid JSON"}')
-                return
+                return None
             if not isinstance(doc, dict):
                 self._send(400, b'{"error": "expected a JSON object"}')
+                return None
+            return doc
+
+        def do_POST(self) -> None:
+            if self.path not in (PROGRESS_PATH, REPLICAS_PATH):
+                self._send(404, b"{}")
                 return
-            state.put(doc)
+            if not self._authorized():
+                return
+            doc = self._body()
+            if doc is None:
+                return
+            if self.path == PROGRESS_PATH:
+                state.put(doc)
+            else:
+                replicas = Replicas.from_json(doc)
+                if replicas is None:
+                    self._send(400, b'{"error": "expected {\\"min\\": n, \\"max\\": m}, 1 <= n <= m"}')
+                    return
+                if set_replicas is not None:
+                    set_replicas(replicas)
+                current.append(replicas)
+                del current[:-1]
             self._send(204, b"")
 
         def log_message(self, format: str, *args: Any) -> None:
@@ -147,7 +176,13 @@ def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401, toke
         token = etj_env.PROGRESS_TOKEN.read(os.environ)
     if not token:
         log.warning("no %s: the progress endpoint accepts any client", etj_env.PROGRESS_TOKEN.name)
-    httpd = make_http_server(host, http_port, state, token)
+    lock = threading.Lock()  # one TCPStore client, used from the HTTP server's threads
+
+    def set_replicas(replicas: Replicas) -> None:
+        with lock:
+            store.set(STORE_KEY, replicas.encode())
+
+    httpd = make_http_server(host, http_port, state, token, set_replicas)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:
@@ -163,4 +198,4 @@ def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401, toke
     )
     stop.wait()
     httpd.shutdown()
-    del store
+    httpd.server_close()

@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_contract.progress import auth_header
+from etj_contract.replicas import REPLICAS_PATH, Replicas
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.k8s.metrics import METRICS, Metrics
 
@@ -171,6 +172,25 @@ class KubeClient:
                 return data if isinstance(data, dict) else None
         except (aiohttp.ClientError, TimeoutError, ValueError, OSError):
             return None
+
+    async def post_replicas(
+        self,
+        ip: str,
+        bounds: Replicas,
+        port: int = PROGRESS_PORT,
+        timeout: float = 2.0,
+        token: str | None = None,
+    ) -> bool:
+        """POST the job's replica bounds to its store (etj_contract.replicas); whether it took them."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
+        try:
+            async with self._http.post(
+                f"http://{ip}:{port}{REPLICAS_PATH}", json=bounds.to_json(), headers=auth_header(token)
+            ) as resp:
+                return resp.status == 204
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
 
     async def close(self) -> None:
         if self._http is not None:

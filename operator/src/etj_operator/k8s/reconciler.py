@@ -28,6 +28,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from etj_contract.ports import PROGRESS_PORT
+from etj_contract.replicas import Replicas
 from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
 from etj_operator.decide import dataplane, workload
@@ -88,6 +89,7 @@ class JobRunner:
         self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
         self.token: str | None = None  # the job's progress token (derived from its uid once known)
         self.create_rejection: str | None = None  # the apiserver's refusal of our last pod create
+        self.bounds_told: tuple[str, Replicas] | None = None  # (store pod, bounds) the store has taken
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
 
@@ -196,6 +198,8 @@ class JobRunner:
         )
         result = plan(job, obs)
         await self.apply(job, result, {p.name: p for p in pods})
+        if self.settings.progress_seconds > 0:  # the store is spoken to only where progress is read
+            await self._tell_bounds(job, pods)
         return result
 
     # --- apply -----------------------------------------------------------------------------------
@@ -332,7 +336,19 @@ class JobRunner:
                 cast(kopf.Body, self.body), type=event.type, reason=event.reason, message=event.message[:1000]
             )
 
-    # --- progress --------------------------------------------------------------------------------
+    # --- progress, and the bounds the running processes need ---------------------------------------
+    async def _tell_bounds(self, job: JobView, pods: list[PodInfo]) -> None:
+        """The job's replica bounds to its store, for the agents and rank 0 that started before a change
+        (``kubectl scale``; etj_contract.replicas); once per store pod and value."""
+        store = next((p for p in pods if p.role == ROLE_RENDEZVOUS and p.running and p.ip), None)
+        if store is None or store.ip is None:
+            return
+        bounds = Replicas(job.spec.replicas.min, job.spec.replicas.max)
+        if self.bounds_told == (store.name, bounds):
+            return
+        if await self.kube.post_replicas(store.ip, bounds, self.settings.progress_port, token=self._token()):
+            self.bounds_told = (store.name, bounds)
+
     async def _poll_progress(self) -> None:
         while True:
             await asyncio.sleep(self.settings.progress_seconds)
