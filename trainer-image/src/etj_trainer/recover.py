@@ -220,7 +220,7 @@ def recover_world(membership: str, old_rank: int, old_size: int, min_ranks: int)
 
 @dataclass(frozen=True)
 class Lost:
-    """A step failed because a peer is gone; the survivors recover in place (trainer._regroup)."""
+    """A step failed because a peer is gone; the survivors recover in place (inplace.InPlace.regroup)."""
 
     error: BaseException
 
