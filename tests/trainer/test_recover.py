@@ -246,3 +246,25 @@ def test_a_survivor_that_leaves_the_failed_collective_releases_peers_blocked_on_
             p.join(30)
             if p.is_alive():
                 p.kill()
+
+
+def test_shutting_the_failed_groups_sockets_skips_one_its_owner_closed_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """gloo closes a failed pair's socket on its own thread: one listed by shut() may be gone when shut()
+    reaches it (seen in the in-place kill test: EBADF from shut() made a survivor take the restart path,
+    3->1 instead of 3->2)."""
+    import os
+    import socket
+
+    from etj_trainer import group_sockets
+
+    closed, live = socket.socketpair()
+    entry = (closed.fileno(), os.readlink(f"/proc/self/fd/{closed.fileno()}"))
+    monkeypatch.setattr(group_sockets, "_owned", frozenset({entry}))
+    monkeypatch.setattr(group_sockets, "_sockets", lambda: {entry})  # listed while still open
+    closed.close()
+    try:
+        assert group_sockets.shut() == 0
+    finally:
+        live.close()

@@ -56,7 +56,10 @@ def shut() -> int:
     global _owned
     shut_down = 0
     for fd, _ in _owned & _sockets():
-        sock = socket.socket(fileno=fd)
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:  # closed by its owner since we looked (gloo closes a failed pair's socket)
+            continue
         try:
             # not gloo's listener: shutting it down makes its accept thread abort the whole process
             if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
