@@ -7,12 +7,14 @@ sharing the session's control plane never schedule onto each other's nodes.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -185,3 +187,39 @@ class Bed:
         sent = time.monotonic()
         self.core.patch_node(node, body)
         return sent
+
+
+@contextlib.contextmanager
+def operator_and_a_store_node(bed: Bed, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator reading progress every second, and an on-demand process node where the job's store runs
+    for real (a proclet runs its pod as a process): for tests that speak to the store as the operator does.
+    Worker pods stay kwok pods on the test's own nodes."""
+    from etj_testbed.localcluster.proclet import Proclet, process_node, selector_for
+
+    instance = f"p{uuid.uuid4().hex[:6]}"
+    proclet = Proclet(cluster.kubeconfig, root=tmp_path / "proclet", selector=selector_for(instance)).start()
+    op = OperatorProcess(
+        cluster.kubeconfig, bed.ns, tmp_path / "operator.log", "--progress-seconds=1"
+    ).start()
+    store_node = f"{bed.ns}-store"[:63]
+    try:
+        node = process_node(
+            store_node,
+            "on-demand",
+            gpus=0,
+            instance=instance,
+            labels={TEST_LABEL: bed.ns},
+            taints=[{"key": TEST_LABEL, "value": bed.ns, "effect": "NoSchedule"}],
+        )
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(node))
+        yield op
+    finally:
+        op.stop()
+        print(op.logs())
+        proclet.stop()
+        cluster.kubectl("delete", "node", store_node, "--wait=false", check=False)
+
+
+def running_store_ip(bed: Bed, job: str) -> str | None:
+    pods = [p for p in bed.pods(job, "rendezvous") if p.status.phase == "Running"]
+    return pods[0].status.pod_ip if pods and pods[0].status.pod_ip else None

@@ -4,8 +4,6 @@ refuses (here a ResourceQuota) becomes a condition and a Warning Event, and stat
 from __future__ import annotations
 
 import base64
-import json
-import uuid
 from pathlib import Path
 from typing import Any, cast
 
@@ -14,9 +12,14 @@ from kubernetes import client
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_testbed.localcluster.proclet import Proclet, process_node, selector_for
 from etj_trainer.progress import get_json, report_error
-from tests.integration.opbed import TEST_LABEL, Bed, OperatorProcess, job_manifest
+from tests.integration.opbed import (
+    Bed,
+    OperatorProcess,
+    job_manifest,
+    operator_and_a_store_node,
+    running_store_ip,
+)
 from tests.plugins.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -150,39 +153,20 @@ def test_a_step_that_stands_still_turns_progressing_false_naming_the_trainers_la
 ) -> None:
     """The store runs for real (a process node), the worker is a kwok pod that never trains: a crash loop
     inside a Running pod, as the operator sees it. Today's code said Ready and nothing else."""
-    instance = f"p{uuid.uuid4().hex[:6]}"
-    proclet = Proclet(cluster.kubeconfig, root=tmp_path / "proclet", selector=selector_for(instance)).start()
-    op = OperatorProcess(
-        cluster.kubeconfig, bed.ns, tmp_path / "operator.log", "--progress-seconds=1"
-    ).start()
-    store_node = f"{bed.ns}-store"[:63]
-    try:
+    with operator_and_a_store_node(bed, cluster, tmp_path):
         bed.node("spot-0", "spot")
-        node = process_node(
-            store_node,
-            "on-demand",
-            gpus=0,
-            instance=instance,
-            labels={TEST_LABEL: bed.ns},
-            taints=[{"key": TEST_LABEL, "value": bed.ns, "effect": "NoSchedule"}],
-        )
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(node))
         manifest = job_manifest("stuck", bed.ns, max_workers=1)
         manifest["spec"]["failurePolicy"] = {"progressDeadlineSeconds": 20}
         bed.custom.create_namespaced_custom_object(GROUP, VERSION, bed.ns, PLURAL, manifest)
 
-        def store_ip() -> str | None:
-            pods = [p for p in bed.pods("stuck", "rendezvous") if p.status.phase == "Running"]
-            return pods[0].status.pod_ip if pods and pods[0].status.pod_ip else None
-
-        bed.wait("the store process running", lambda: store_ip() is not None, 180)
+        bed.wait("the store process running", lambda: running_store_ip(bed, "stuck") is not None, 180)
         bed.wait(
             "Progressing=True", lambda: _condition(bed, "stuck", "Progressing").get("status") == "True", 60
         )
         # The agent's report of the crash (etj_trainer.progress.report_error), with the job's token.
         secret: Any = bed.core.read_namespaced_secret("stuck-etj-token", bed.ns)
         token = base64.b64decode(secret.data["token"]).decode()
-        url = f"http://{store_ip()}:{PROGRESS_PORT}/progress"
+        url = f"http://{running_store_ip(bed, 'stuck')}:{PROGRESS_PORT}/progress"
         bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 60)
         assert report_error("Traceback ...\nFileNotFoundError: /data/train", url=url, token=token)
         bed.wait(
@@ -203,8 +187,3 @@ def test_a_step_that_stands_still_turns_progressing_false_naming_the_trainers_la
                 for e in bed.events("stuck")
             ),
         )
-    finally:
-        op.stop()
-        print(op.logs())
-        proclet.stop()
-        cluster.kubectl("delete", "node", store_node, "--wait=false", check=False)

@@ -208,8 +208,10 @@ def ask(
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if procs is None:
         procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    node = node or etj_env.JOIN_NODE.get(os.environ, "") or (
-        f"{os.environ.get(etj_env.WORKER_ID.name, 'worker')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    node = (
+        node
+        or etj_env.JOIN_NODE.get(os.environ, "")
+        or (f"{os.environ.get(etj_env.WORKER_ID.name, 'worker')}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
     )
     tk = f"{prefix}/ticket/{node}"
     deadline = time.monotonic() + wait_s

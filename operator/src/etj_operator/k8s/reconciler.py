@@ -18,7 +18,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol, cast
@@ -340,7 +340,7 @@ class JobRunner:
     async def _tell_bounds(self, job: JobView, pods: list[PodInfo]) -> None:
         """The job's replica bounds to its store, for the agents and rank 0 that started before a change
         (``kubectl scale``; etj_contract.replicas); once per store pod and value."""
-        store = next((p for p in pods if p.role == ROLE_RENDEZVOUS and p.running and p.ip), None)
+        store = _running_store(pods)
         if store is None or store.ip is None:
             return
         bounds = Replicas(job.spec.replicas.min, job.spec.replicas.max)
@@ -357,14 +357,7 @@ class JobRunner:
 
     async def _refresh_progress(self) -> bool:
         """Read the store's progress document; whether it changed."""
-        store = next(
-            (
-                p
-                for p in self.world.job_pods(self.namespace, self.name)
-                if p.role == ROLE_RENDEZVOUS and p.running and p.ip
-            ),
-            None,
-        )
+        store = _running_store(self.world.job_pods(self.namespace, self.name))
         if store is None or store.ip is None:
             return False
         data = await self.kube.fetch_progress(store.ip, self.settings.progress_port, token=self._token())
@@ -379,6 +372,11 @@ class JobRunner:
             and not (self.progress or {}).get("finished")
             and any(p.role == ROLE_WORKER and p.exited_ok for p in pods)
         )
+
+
+def _running_store(pods: Iterable[PodInfo]) -> PodInfo | None:
+    """The job's store pod that answers now (running, with an address), if any."""
+    return next((p for p in pods if p.role == ROLE_RENDEZVOUS and p.running and p.ip), None)
 
 
 def _rejections(outcomes: list[Any]) -> tuple[str | None, list[BaseException]]:
