@@ -28,18 +28,23 @@ class StoreKillDemo(Demo):
     """The demo with its own interruption off; instead, once training is at epoch 2, the store is killed."""
 
     killed: str | None = None
+    killed_uid: str | None = None
+    replacement_uid: str | None = None  # a store pod seen running after the kill
 
     def job(self) -> dict[str, Any]:
         job = super().job()
         progress = (job.get("status") or {}).get("progress") or {}
-        if self.killed is None and (progress.get("epoch") or 0) >= 2:
+        if self.replacement_uid is None and (self.killed is not None or (progress.get("epoch") or 0) >= 2):
             sel = f"etj.dev/job={self.name},etj.dev/role=rendezvous"
             pods = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods", labelSelector=sel).get("items") or []
-            running = [
-                p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Running"
-            ]
-            if running:
-                self.killed = running[0]
+            running = [p["metadata"] for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+            if self.killed is not None:
+                # A fresh store pod. Its name may be the killed one's: a force-deleted pod can be gone from
+                # the API before the operator sees it fail, and then its name is free (seen in a clean clone).
+                fresh = [m["uid"] for m in running if m["uid"] != self.killed_uid]
+                self.replacement_uid = fresh[0] if fresh else None
+            elif running:
+                self.killed, self.killed_uid = running[0]["name"], running[0]["uid"]
                 self.kubectl("delete", "pod", self.killed, "-n", self.ns, "--grace-period=0", "--force")
                 self.event(f"store killed: {self.killed}")
         return job
@@ -74,8 +79,8 @@ def test_the_job_survives_its_store(cluster: Any) -> None:
     assert demo.killed is not None, result.events
     assert result.phase == "Succeeded", (result.phase, status.get("conditions"), run_dir)
     assert not status.get("failures"), status  # the store's loss is not a worker failure
-    names = {p["metadata"]["name"] for p in stores.get("items") or []}
-    assert demo.killed not in names  # a fresh store pod (the old name may stay Terminating elsewhere)
+    assert demo.replacement_uid is not None, result.events  # a fresh store pod ran
+    assert demo.killed_uid not in {p["metadata"]["uid"] for p in stores.get("items") or []}
     logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("proclet/pods/*/*/trainer.log"))
     assert "rendezvous store back after" in logs, run_dir
     got = consumed_per_epoch(run_dir / "samples")

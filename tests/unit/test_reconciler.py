@@ -172,3 +172,36 @@ def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> 
     assert kube.patches, "no status written"
     assert kube.patches[-1]["phase"] == "Succeeded"
     assert kube.patches[-1]["progress"]["accuracy"] == 0.98
+
+
+def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() -> None:
+    # regression: the bounds told were keyed by the store pod's name, and a store pod force-deleted before
+    # the operator saw it fail is gone from the API, so its replacement may get the same name (seen in a
+    # clean-clone run of the store-loss demo); that fresh store never heard of a `kubectl scale` before it
+    from etj_contract.replicas import Replicas
+    from etj_trainer.store_server import ProgressState, make_http_server
+    from tests.unit.factories import job, spec, store
+
+    told: list[Replicas] = []
+    ip = "127.0.0.1"
+    httpd = make_http_server(ip, 0, ProgressState(), set_replicas=told.append)
+    Thread(target=httpd.serve_forever, daemon=True).start()
+    kube = KubeClient(client.ApiClient())
+    runner = JobRunner("ns", "train", StaticWorld([]), kube, Settings(progress_port=httpd.server_address[1]))
+    view = job(spec(replicas={"min": 1, "max": 4}))
+    first = replace(store("od-0", name="train-rdzv-0"), uid="r1", ip=ip)
+    replacement = replace(first, uid="r2", node="od-1")
+
+    async def go() -> None:
+        try:
+            await runner._tell_bounds(view, [first])
+            await runner._tell_bounds(view, [first])  # the same store: told once
+            await runner._tell_bounds(view, [replacement])
+        finally:
+            await kube.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        httpd.shutdown()
+    assert told == [Replicas(1, 4), Replicas(1, 4)]

@@ -230,7 +230,9 @@ def _store_drains(rdzv: Sequence[PodInfo], obs: Observed) -> list[Drain]:
 
 
 def next_rendezvous_index(job: str, rdzv: Sequence[PodInfo]) -> int:
-    """One past every store pod still known (terminating ones included): a name never in use twice."""
+    """One past every store pod still known (terminating ones included): a name no pod has now. A pod
+    already gone from the API (force-deleted before we saw it fail) may see its name reused, so nothing
+    keys on a store pod's name (the reconciler's bounds told are keyed by uid)."""
     indices = [i for p in rdzv if (i := rendezvous_index(job, p.name)) is not None]
     return max(indices, default=-1) + 1
 

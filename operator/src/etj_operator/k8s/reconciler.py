@@ -89,7 +89,9 @@ class JobRunner:
         self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
         self.token: str | None = None  # the job's progress token (derived from its uid once known)
         self.create_rejection: str | None = None  # the apiserver's refusal of our last pod create
-        self.bounds_told: tuple[str, Replicas] | None = None  # (store pod, bounds) the store has taken
+        # (store pod uid, bounds) the store has taken. The uid, not the name: a replacement store pod may
+        # reuse a force-deleted one's name (planner.next_rendezvous_index) and knows no bounds yet.
+        self.bounds_told: tuple[str, Replicas] | None = None
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
 
@@ -339,15 +341,15 @@ class JobRunner:
     # --- progress, and the bounds the running processes need ---------------------------------------
     async def _tell_bounds(self, job: JobView, pods: list[PodInfo]) -> None:
         """The job's replica bounds to its store, for the agents and rank 0 that started before a change
-        (``kubectl scale``; etj_contract.replicas); once per store pod and value."""
+        (``kubectl scale``; etj_contract.replicas); once per store pod (by uid) and value."""
         store = _running_store(pods)
         if store is None or store.ip is None:
             return
         bounds = Replicas(job.spec.replicas.min, job.spec.replicas.max)
-        if self.bounds_told == (store.name, bounds):
+        if self.bounds_told == (store.uid, bounds):
             return
         if await self.kube.post_replicas(store.ip, bounds, self.settings.progress_port, token=self._token()):
-            self.bounds_told = (store.name, bounds)
+            self.bounds_told = (store.uid, bounds)
 
     async def _poll_progress(self) -> None:
         while True:
