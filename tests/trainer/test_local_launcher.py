@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from etj_trainer.local_launcher import parse_schedule, run_local
+from etj_trainer.local_launcher import LocalAgents, ScheduleEvent, parse_schedule, run_local
 from etj_trainer.sample_log import consumed_per_epoch
 
 
@@ -23,6 +26,32 @@ def test_parse_schedule() -> None:
 
 
 @pytest.mark.slow
+def test_a_hard_kill_after_a_leave_hits_a_node_still_in_the_world(tmp_path: Path) -> None:
+    # regression: `10:-1,20:!1` under load SIGKILLed the agent that was still shutting down after its
+    # SIGTERM (the newest *alive* one), so no rank of the world died and nothing was recovered
+    slow_to_leave = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); "
+        "time.sleep(60)"
+    )
+    agents = LocalAgents(env={}, log_dir=tmp_path)
+    for _ in range(3):
+        p = subprocess.Popen(
+            [sys.executable, "-c", slow_to_leave], stdout=subprocess.PIPE, start_new_session=True
+        )
+        assert p.stdout is not None and p.stdout.readline()  # its SIGTERM handler is in place
+        agents.agents.append(p)
+    try:
+        agents.apply(ScheduleEvent(10, "-", 1))
+        agents.apply(ScheduleEvent(20, "!", 1))
+        newest, middle, oldest = agents.agents[2], agents.agents[1], agents.agents[0]
+        assert middle.wait(timeout=10) == -signal.SIGKILL
+        assert newest.poll() is None and oldest.poll() is None  # still leaving; still training
+    finally:
+        for p in agents.agents:
+            p.kill()
+            p.wait()
+
+
 def test_scale_down_and_up_keeps_exactly_once(tmp_path: Path) -> None:
     # 6 epochs x 45 steps, throttled to >= 0.15 s/step: the joiner started at step 40 has ~30 s to import
     # torch and join before training ends (on a heavily loaded 2-core machine 2 epochs were not enough).

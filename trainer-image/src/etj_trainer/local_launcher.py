@@ -4,12 +4,13 @@ Starts ``etj-train store`` and N ``etj-train worker`` agents on loopback (exactl
 as pods), each running ``--procs-per-node`` training processes (ranks; a pod's ``procsPerWorker``), then
 follows the progress channel and changes membership at given steps. Schedule syntax, comma separated
 ``STEP:ACTION``, counted in nodes (all of a node's ranks come and go together): ``+K`` start K agents,
-``-K`` SIGTERM the K newest agents (a graceful spot notice), ``!K`` SIGKILL them and everything they
-started (a hard loss), ``^K`` set the job's maximum to K nodes (``kubectl scale``: the operator POSTs the
-bounds to the store, and agents started later get K in their environment). Example: ``--nodes 2
---procs-per-node 2 --schedule 20:+1,40:-2,60:+1``, or ``10:^4,10:+2`` to scale a job of 2 to 4. The
-schedule starts once the first N nodes all train together: on a busy machine the world may first form
-with fewer (the others join in a resize of their own), and a ``-1`` must not hit a node still starting.
+``-K`` SIGTERM the K newest agents not already told to go (a graceful spot notice), ``!K`` SIGKILL them
+and everything they started (a hard loss), ``^K`` set the job's maximum to K nodes (``kubectl scale``:
+the operator POSTs the bounds to the store, and agents started later get K in their environment).
+Example: ``--nodes 2 --procs-per-node 2 --schedule 20:+1,40:-2,60:+1``, or ``10:^4,10:+2`` to scale a
+job of 2 to 4. The schedule starts once the first N nodes all train together: on a busy machine the
+world may first form with fewer (the others join in a resize of their own), and a ``-1`` must not hit a
+node still starting.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ class LocalAgents:
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
     progress_url: str = ""
     events: list[dict[str, object]] = field(default_factory=list)
+    # Agents already told to go (-K, !K). A SIGTERMed agent takes a while to exit (it stops its workers
+    # first); the next -K/!K must pick a node still in the world, or a hard kill lands on a node that has
+    # left and the world never sees a crash (seen under load: no "recovering in place", 3->2 then 2->3).
+    gone: set[int] = field(default_factory=set)
 
     def start_store(self) -> None:
         self.store, port, http_port = launch_store(self.log_dir / "store.log")
@@ -111,6 +116,10 @@ class LocalAgents:
     def alive(self) -> list[subprocess.Popen[bytes]]:
         return [a for a in self.agents if a.poll() is None]
 
+    def in_world(self) -> list[subprocess.Popen[bytes]]:
+        """The live agents not yet told to go: what a leave or a kill picks from (newest first)."""
+        return [a for a in reversed(self.alive()) if a.pid not in self.gone]
+
     def apply(self, ev: ScheduleEvent) -> None:
         self.events.append({"time": time.time(), "step": ev.step, "action": f"{ev.action}{ev.count}"})
         print(f"etj-train local: step {ev.step}: {ev.action}{ev.count}", file=sys.stderr, flush=True)
@@ -122,7 +131,8 @@ class LocalAgents:
             for _ in range(ev.count):
                 self.start_agent()
         else:
-            for a in list(reversed(self.alive()))[: ev.count]:
+            for a in self.in_world()[: ev.count]:
+                self.gone.add(a.pid)
                 if ev.action == "-":
                     a.send_signal(signal.SIGTERM)  # what a pod's agent gets on a graceful leave
                 else:
