@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -110,6 +110,23 @@ def test_pods_of_an_earlier_job_with_the_same_name_are_ignored() -> None:
     assert [p.name for p in _runner(world)._owned("new")] == ["train-worker-1"]
 
 
+def _run_then_close(
+    kube: KubeClient, httpd: ThreadingHTTPServer, work: Callable[[], Awaitable[None]]
+) -> None:
+    """Run the loop's ``work`` against a real store server, then close the client and the server."""
+
+    async def go() -> None:
+        try:
+            await work()
+        finally:
+            await kube.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        httpd.shutdown()
+
+
 class RecordingKube(KubeClient):
     """The real client class with the loop's writes recorded instead of sent: this test is about *when*
     the loop reads the store (the end-to-end test checks the same against the real apiserver)."""
@@ -159,16 +176,7 @@ def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> 
     }
     runner.progress = {"step": 170, "worldSize": 4, "resizes": [], "finished": False}
 
-    async def go() -> None:
-        try:
-            await runner.reconcile()
-        finally:
-            await kube.close()
-
-    try:
-        asyncio.run(go())
-    finally:
-        httpd.shutdown()
+    _run_then_close(kube, httpd, runner.reconcile)
     assert kube.patches, "no status written"
     assert kube.patches[-1]["phase"] == "Succeeded"
     assert kube.patches[-1]["progress"]["accuracy"] == 0.98
@@ -192,16 +200,10 @@ def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() ->
     first = replace(store("od-0", name="train-rdzv-0"), uid="r1", ip=ip)
     replacement = replace(first, uid="r2", node="od-1")
 
-    async def go() -> None:
-        try:
-            await runner._tell_bounds(view, [first])
-            await runner._tell_bounds(view, [first])  # the same store: told once
-            await runner._tell_bounds(view, [replacement])
-        finally:
-            await kube.close()
+    async def tell() -> None:
+        await runner._tell_bounds(view, [first])
+        await runner._tell_bounds(view, [first])  # the same store: told once
+        await runner._tell_bounds(view, [replacement])
 
-    try:
-        asyncio.run(go())
-    finally:
-        httpd.shutdown()
+    _run_then_close(kube, httpd, tell)
     assert told == [Replicas(1, 4), Replicas(1, 4)]
