@@ -25,7 +25,6 @@ def test_parse_schedule() -> None:
         parse_schedule("10:*1")
 
 
-@pytest.mark.slow
 def test_a_hard_kill_after_a_leave_hits_a_node_still_in_the_world(tmp_path: Path) -> None:
     # regression: `10:-1,20:!1` under load SIGKILLed the agent that was still shutting down after its
     # SIGTERM (the newest *alive* one), so no rank of the world died and nothing was recovered
@@ -52,6 +51,7 @@ def test_a_hard_kill_after_a_leave_hits_a_node_still_in_the_world(tmp_path: Path
             p.wait()
 
 
+@pytest.mark.slow
 def test_scale_down_and_up_keeps_exactly_once(tmp_path: Path) -> None:
     # 6 epochs x 45 steps, throttled to >= 0.15 s/step: the joiner started at step 40 has ~30 s to import
     # torch and join before training ends (on a heavily loaded 2-core machine 2 epochs were not enough).

@@ -211,7 +211,7 @@ def ask(
     node = (
         node
         or etj_env.JOIN_NODE.get(os.environ, "")
-        or (f"{os.environ.get(etj_env.WORKER_ID.name, 'worker')}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        or f"{os.environ.get(etj_env.WORKER_ID.name, 'worker')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
     tk = f"{prefix}/ticket/{node}"
     deadline = time.monotonic() + wait_s

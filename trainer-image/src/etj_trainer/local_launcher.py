@@ -86,7 +86,8 @@ class LocalAgents:
     # Agents already told to go (-K, !K). A SIGTERMed agent takes a while to exit (it stops its workers
     # first); the next -K/!K must pick a node still in the world, or a hard kill lands on a node that has
     # left and the world never sees a crash (seen under load: no "recovering in place", 3->2 then 2->3).
-    gone: set[int] = field(default_factory=set)
+    # The Popen objects, not pids: a pid is free for a later agent once a gone one has exited.
+    gone: set[subprocess.Popen[bytes]] = field(default_factory=set)
 
     def start_store(self) -> None:
         self.store, port, http_port = launch_store(self.log_dir / "store.log")
@@ -118,7 +119,7 @@ class LocalAgents:
 
     def in_world(self) -> list[subprocess.Popen[bytes]]:
         """The live agents not yet told to go: what a leave or a kill picks from (newest first)."""
-        return [a for a in reversed(self.alive()) if a.pid not in self.gone]
+        return [a for a in reversed(self.alive()) if a not in self.gone]
 
     def apply(self, ev: ScheduleEvent) -> None:
         self.events.append({"time": time.time(), "step": ev.step, "action": f"{ev.action}{ev.count}"})
@@ -132,7 +133,7 @@ class LocalAgents:
                 self.start_agent()
         else:
             for a in self.in_world()[: ev.count]:
-                self.gone.add(a.pid)
+                self.gone.add(a)
                 if ev.action == "-":
                     a.send_signal(signal.SIGTERM)  # what a pod's agent gets on a graceful leave
                 else:
