@@ -579,6 +579,14 @@ CASES: list[Case] = [
         tags=("recipe",),
     ),
     Case(
+        "augmentation-flip-bool",
+        _set("spec.training.augmentation", {"type": "standard", "horizontalFlip": "sometimes"}),
+        "spec.training.augmentation.horizontalFlip",
+        "must be of type boolean",
+        pydantic_why="Input should be a valid boolean",
+        tags=("recipe",),
+    ),
+    Case(
         "recipe-env-reserved",
         _set(f"{_ENV}.0", {"name": "ETJ_LR", "value": "0.1"}),
         f"{_ENV}[0].name",

@@ -21,6 +21,21 @@ def test_draws_are_per_sample_and_independent_of_the_batch() -> None:
     assert not np.array_equal(draw_crops(8, 2, ids, 0.08).anchor, whole.anchor)  # a new seed too
 
 
+def test_flip_off_keeps_the_windows_and_mirrors_nothing() -> None:
+    ids = np.arange(1000)
+    on, off = draw_crops(4, 1, ids, 0.5), draw_crops(4, 1, ids, 0.5, flip=False)
+    assert on.flip.any() and not off.flip.any()
+    assert np.array_equal(on.anchor, off.anchor) and np.array_equal(on.shape, off.shape)
+    src = digits_tensor_source("train", torch.float64, Augmenter(Augmentation.STANDARD, 4, 0.5, flip=False))
+    ((x, _),) = list(src.batches(iter([Micro(1, ids[:50])])))
+    crops = draw_crops(4, 1, ids[:50], 0.5)
+    mirrored = np.flatnonzero(crops.flip)
+    plain = digits_tensor_source("train", torch.float64, Augmenter(Augmentation.STANDARD, 4, 0.5))
+    ((y, _),) = list(plain.batches(iter([Micro(1, ids[:50])])))
+    assert torch.equal(x[mirrored], y[mirrored].flip(-1))  # the same crop, not mirrored
+    assert len(mirrored) > 0
+
+
 def test_crops_are_valid_random_resized_crops() -> None:
     ids = np.arange(20_000)
     c = draw_crops(0, 0, ids, 0.25)

@@ -39,12 +39,20 @@ def test_resnet50_recipe_reaches_the_trainer() -> None:
     assert cfg.schedule() == LrSchedule(
         ScheduleType.STEP, epochs=90, warmup_epochs=5, milestones=(30, 60, 80), gamma=0.1
     )
-    assert (cfg.precision, cfg.augment, cfg.val_resize, cfg.min_crop_scale) == (
+    assert (cfg.precision, cfg.augment, cfg.val_resize, cfg.min_crop_scale, cfg.augment_flip) == (
         "bf16",
         Augmentation.STANDARD,
         256,
         0.08,
+        True,
     )
+
+
+def test_a_job_can_turn_the_flip_off() -> None:
+    digits = {"globalBatchSize": 64, "microBatchSize": 32, "augmentation": {"type": "standard"}}
+    assert _config(digits).augment_flip
+    digits["augmentation"] = {"type": "standard", "horizontalFlip": False}
+    assert not _config(digits).augment_flip
 
 
 def test_defaults_keep_the_old_behaviour_but_for_the_lr_rule() -> None:

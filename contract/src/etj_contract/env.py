@@ -248,6 +248,10 @@ MIN_CROP_SCALE = _var(
     "MIN_CROP_SCALE", float, "standard augmentation: smallest crop area", field="min_crop_scale", flag=True,
     set_by=OP,
 )  # fmt: skip
+AUGMENT_FLIP = _var(
+    "AUGMENT_FLIP", truthy, "standard augmentation: mirror half the images", field="augment_flip", flag=True,
+    set_by=OP,
+)  # fmt: skip
 VAL_RESIZE = _var(
     "VAL_RESIZE",
     int,

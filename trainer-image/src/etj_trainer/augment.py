@@ -9,9 +9,10 @@ every machine), and the input pipelines only *apply* them: DALI through ``extern
 sources with torch (``apply_to_tensors``).
 
 "standard" is torchvision's RandomResizedCrop (area fraction in ``[min_scale, 1]``, aspect ratio in
-``[3/4, 4/3]``, 10 tries, else the whole image) followed by a horizontal flip with probability 1/2. The window
-is drawn in *normalised* coordinates (fractions of width and height), so it is the same whatever decoder
-or resolution applies it; the aspect ratio is relative to the image's own (the same thing for the square
+``[3/4, 4/3]``, 10 tries, else the whole image) followed by a horizontal flip with probability 1/2 (none
+with ``horizontalFlip: false``: digits or text mean something else mirrored). The window is drawn in
+*normalised* coordinates (fractions of width and height), so it is the same whatever decoder or
+resolution applies it; the aspect ratio is relative to the image's own (the same thing for the square
 images used here).
 """
 
@@ -62,8 +63,9 @@ def uniforms(seed: int, epoch: int, ids: np.ndarray, k: int) -> np.ndarray:
     return (cols >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def draw_crops(seed: int, epoch: int, ids: np.ndarray, min_scale: float) -> Crops:
-    """RandomResizedCrop windows + flips for ``ids`` (see the module docstring)."""
+def draw_crops(seed: int, epoch: int, ids: np.ndarray, min_scale: float, flip: bool = True) -> Crops:
+    """RandomResizedCrop windows + flips for ``ids`` (see the module docstring); ``flip=False``: no flips,
+    the same windows."""
     n = len(ids)
     u = uniforms(seed, epoch, ids, 4 * TRIES + 1)
     area = min_scale + (1 - min_scale) * u[:, 0:TRIES]
@@ -81,7 +83,7 @@ def draw_crops(seed: int, epoch: int, ids: np.ndarray, min_scale: float) -> Crop
     return Crops(
         anchor=np.stack([ax, ay], 1).astype(np.float32),
         shape=np.stack([cw, ch], 1).astype(np.float32),
-        flip=u[:, 4 * TRIES] < 0.5,
+        flip=(u[:, 4 * TRIES] < 0.5) & flip,
     )
 
 

@@ -47,6 +47,7 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a GradScaler)
     augment: Augmentation = Augmentation.NONE
     min_crop_scale: float = 0.08  # "standard": random-resized-crop area fraction in [min_crop_scale, 1]
+    augment_flip: bool = True  # "standard": mirror half the images (off for digits, text)
     val_resize: int = 0  # validation: shorter side resized to this, then center crop (0: image_size)
     sync_batchnorm: bool = False
     checkpoint_dir: Path | None = None

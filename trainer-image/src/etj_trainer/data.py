@@ -46,13 +46,14 @@ class Augmenter:
     policy: Augmentation = Augmentation.NONE
     seed: int = 0
     min_scale: float = 0.08
+    flip: bool = True
 
     @property
     def on(self) -> bool:
         return self.policy == Augmentation.STANDARD
 
     def crops(self, m: Micro) -> Crops:
-        return draw_crops(self.seed, m.epoch, m.ids, self.min_scale)
+        return draw_crops(self.seed, m.epoch, m.ids, self.min_scale, self.flip)
 
 
 class BatchSource(Protocol):

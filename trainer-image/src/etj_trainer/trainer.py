@@ -63,7 +63,7 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     """Run (or resume) training in the current process group; see the module docstring."""
     dtype = _dtype(cfg.dtype)
     precision = recipe.Precision(cfg.precision)
-    augment = Augmenter(cfg.augment, cfg.seed, cfg.min_crop_scale)
+    augment = Augmenter(cfg.augment, cfg.seed, cfg.min_crop_scale, cfg.augment_flip)
     src = open_source(
         cfg.data,
         "train",

@@ -142,6 +142,11 @@ class AugmentationSpec(ApiModel):
         le=1,
         description="Smallest crop of a standard augmentation, as a fraction of the image area.",
     )
+    horizontal_flip: bool = Field(
+        default=True,
+        description="standard: mirror half of the training images left-right. Turn it off for images a "
+        "mirror changes the meaning of, such as digits or text (ETJ_AUGMENT_FLIP).",
+    )
     validation_resize: int | None = Field(
         default=None,
         ge=1,

@@ -236,6 +236,7 @@ def recipe_env(training: TrainingSpec) -> dict[etj_env.Var[Any], object]:
         etj_env.PRECISION: training.precision.value,
         etj_env.AUGMENT: aug.type.value,
         etj_env.MIN_CROP_SCALE: aug.min_crop_scale,
+        etj_env.AUGMENT_FLIP: str(aug.horizontal_flip).lower(),
         etj_env.VAL_RESIZE: aug.validation_resize or 0,  # 0: the training image size
     }
 
