@@ -218,10 +218,9 @@ def _worker(join_in_place: bool) -> None:
     from etj_trainer.lifetime import die_with_parent
 
     die_with_parent()  # first of all: a worker whose forkserver or agent is gone must not train on
-    import torch
     import torch.distributed as dist
 
-    from etj_trainer import elastic, group_sockets
+    from etj_trainer import devices, elastic, group_sockets
     from etj_trainer.config import TrainConfig
     from etj_trainer.regroup import collective_timeout
     from etj_trainer.trainer import EXIT_RESIZE, train
@@ -230,9 +229,9 @@ def _worker(join_in_place: bool) -> None:
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
     script = etj_env.SCRIPT.get(os.environ, "")
     cfg = None if script else TrainConfig.from_env()  # a bad env value fails here, before the group forms
+    devices.bind(int(os.environ.get("LOCAL_RANK", "0")))  # this rank's GPU, before any CUDA call
     if not join_in_place:  # a joiner forms its first group when the world admits it (join.py)
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        group_sockets.init(backend, timeout=collective_timeout())
+        group_sockets.init(devices.process_group_backend(), timeout=collective_timeout())
     if cfg is None:
         run_script(json.loads(script))
     else:

@@ -118,17 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "train":
         import os
 
-        import torch.distributed as dist
-
         from etj_trainer.config import TrainConfig
         from etj_trainer.trainer import StopFlag, train
 
         cfg = TrainConfig.from_env({**os.environ, **_train_env(ns)})
         stop = StopFlag()
         stop.install()
-        if "WORLD_SIZE" in os.environ:
-            dist.init_process_group("gloo")
-        train(cfg, stop)
+        train(cfg, stop)  # under torchrun (WORLD_SIZE set), the Job binds the GPU and forms the group
         return 0
     if ns.cmd == "make-digits":
         from etj_trainer.digits import make_digits

@@ -68,7 +68,7 @@ import torch.distributed as dist
 from torch import nn
 
 from etj_contract import env as etj_env
-from etj_trainer import group_sockets, join, regroup
+from etj_trainer import devices, group_sockets, join, regroup
 from etj_trainer.batching import ResizePolicy, plan_step
 from etj_trainer.checkpoint import CheckpointStore, StateWriter
 from etj_trainer.config import TrainConfig
@@ -122,9 +122,10 @@ class Job:
         self.config = cfg = config if config is not None else _config_from_env(defaults)
         # A joiner forms its first group when the running world admits it (join.py); group_sockets: so a
         # survivor of a crash can shut the failed group's sockets (recover.close_failed_group).
+        # First of all, this rank's own GPU (a script started by torchrun has no etj worker to bind it).
+        devices.bind(int(os.environ.get("LOCAL_RANK", "0")))
         if "WORLD_SIZE" in os.environ and not dist.is_initialized() and not join.joining():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            group_sockets.init(backend, timeout=regroup.collective_timeout())
+            group_sockets.init(devices.process_group_backend(), timeout=regroup.collective_timeout())
         self.world = World.current()
         self.stop = stop or installed() or StopFlag().install()
         if cfg.deterministic:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -184,6 +185,8 @@ def run_local(
         **train_env,
     }
     env.setdefault(etj_env.CHECKPOINT_DIR.name, str(log_dir / "checkpoints"))
+    # Ours to remove afterwards only when we chose it: a directory the caller named is theirs.
+    made_local_dir = etj_env.LOCAL_CHECKPOINT_DIR.name not in env
     env.setdefault(etj_env.LOCAL_CHECKPOINT_DIR.name, f"/dev/shm/etj-local-{run_id}")
     cluster = LocalAgents(env=env, log_dir=log_dir)
     pending = list(schedule)
@@ -209,9 +212,8 @@ def run_local(
         codes = [a.wait(timeout=60) for a in cluster.agents]
     finally:
         cluster.stop()
-        import shutil
-
-        shutil.rmtree(env[etj_env.LOCAL_CHECKPOINT_DIR.name], ignore_errors=True)
+        if made_local_dir:
+            shutil.rmtree(env[etj_env.LOCAL_CHECKPOINT_DIR.name], ignore_errors=True)
     return {**last, "agentExitCodes": codes, "events": cluster.events}
 
 

@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
 
-import torch
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer import group_sockets
+from etj_trainer import devices, group_sockets
 
 
 class StopCode(IntEnum):
@@ -124,21 +123,18 @@ def collective_timeout() -> timedelta:
 
 
 def reform(key: str, new_rank: int, new_world: int) -> None:
-    """Replace the default process group with one of ``new_world`` ranks (same backend), met on the
+    """Replace the default process group with one of ``new_world`` ranks (devices.py's backends), met on the
     external store.
 
     ``key`` must be the same on every survivor and never reused by this job (old-incarnation id + step).
     """
     host, _, port = os.environ[etj_env.RDZV_ENDPOINT.name].rpartition(":")
     timeout = collective_timeout()
-    if dist.is_initialized():
-        backend = str(dist.get_backend())
+    if dist.is_initialized():  # (a joiner's first group, or a crash survivor's: recover.py closed it)
         dist.destroy_process_group()
-    else:  # a joiner (its first group), or a crash survivor (recover.py closed the failed group already)
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
     group_sockets.init(
-        backend,
+        devices.process_group_backend(),
         store=dist.PrefixStore(f"etj-regroup/{key}", store),
         rank=new_rank,
         world_size=new_world,

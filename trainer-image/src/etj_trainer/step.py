@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from etj_trainer import recover
+from etj_trainer import devices, recover
 from etj_trainer.batching import BatchPlan, micro_batch_sizes
 from etj_trainer.data import Micro
 from etj_trainer.dynamic_sgd import DynamicSGD
@@ -110,12 +110,14 @@ class _Undo:
 
     buffers: list[torch.Tensor]
     rng: tuple[Any, Any, Any]
+    cuda_rng: list[torch.Tensor]  # every visible GPU's generator (dropout, GPU augmentation)
 
     @classmethod
     def capture(cls, model: nn.Module | None) -> _Undo:
         return cls(
             [b.detach().clone() for b in model.buffers()] if model is not None else [],
             (torch.get_rng_state(), np.random.get_state(), random.getstate()),
+            devices.cuda_rng_states(),
         )
 
     def restore(self, model: nn.Module | None) -> None:
@@ -126,6 +128,7 @@ class _Undo:
         torch.set_rng_state(self.rng[0])
         np.random.set_state(self.rng[1])
         random.setstate(self.rng[2])
+        devices.set_cuda_rng_states(self.cuda_rng)
 
 
 class Step:
@@ -146,7 +149,7 @@ class Step:
             # The schedule follows the samples seen, so a resize (any new world size) leaves it in place.
             job.optimizer.set_schedule_factor(lr_factor(job.schedule, *self.position))
         self.lr = lr_of(job.optimizer)
-        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.loss_sum: torch.Tensor | None = None  # on the loss's device; to the host at the commit
         self._scale = membership.world.size / len(self.indices)
         self._undo = _Undo.capture(job.model.module if job.model is not None else None)
         self.committed = False
@@ -179,7 +182,8 @@ class Step:
         scaler = self.job.scaler
         with self.job.guard():  # the last micro-batch's backward all-reduces the gradients
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        self.loss_sum += loss.detach().double().cpu()
+        summed = loss.detach().double()
+        self.loss_sum = summed if self.loss_sum is None else self.loss_sum + summed
 
     def optimizer_step(self) -> None:
         """Commit the step (one all-reduce: the loss and every rank's stop code), then the optimizer step."""
@@ -196,7 +200,8 @@ class Step:
                 # the redo logs it again under a newer incarnation, and the checker keeps the newest.
                 job._samples_log.write(self.epoch, self.number, w.size, self.ids, lr=self.lr)
             stats = torch.zeros(1 + w.size, dtype=torch.float64)
-            stats[0] = self.loss_sum
+            if self.loss_sum is not None:
+                stats[0] = self.loss_sum  # the step's one device-to-host copy of the loss
             stats[1 + w.rank] = float(job.stop.code or job.inplace.code())
             if w.dist_on:
                 dist.all_reduce(stats)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from etj_trainer import regroup
+from etj_trainer import devices, regroup
 
 
 class StopFlag:
@@ -69,7 +69,7 @@ class World:
             size=dist.get_world_size() if dist_on else 1,
             local_rank=local_rank,
             local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-            device=torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu"),
+            device=devices.bind(local_rank),
         )
 
 

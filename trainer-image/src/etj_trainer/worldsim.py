@@ -1,4 +1,4 @@
-"""Run the real trainer in N local processes (gloo over loopback) without an elastic agent.
+"""Run the real trainer in N local processes (over loopback) without an elastic agent.
 
 Used by the equivalence tests and benchmarks to run "segments" at different world sizes that hand over
 through checkpoints, exactly like a restart-based resize does, but deterministically and without
@@ -70,14 +70,16 @@ def _rank_main(
     store: str,
     kill_at: dict[int, int],
 ) -> None:
-    from etj_trainer import group_sockets
+    from etj_trainer import devices, group_sockets
     from etj_trainer.trainer import train
 
     os.environ["LOCAL_RANK"] = str(rank)
     if store:
         os.environ["ETJ_RDZV_ENDPOINT"] = store
         os.environ["ETJ_AGENT_STATE_FILE"] = str(Path(out_dir, "agent.state"))  # never "restarting"
-    group_sockets.init("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    group_sockets.init(
+        devices.process_group_backend(), init_method=f"file://{init_file}", rank=rank, world_size=world
+    )
     try:
         stop: StopFlag | None = None
         if rank in leave_at:
