@@ -145,6 +145,53 @@ def train_rate(
     return n / (time.perf_counter() - t0)
 
 
+def redo_check(device: torch.device, steps: int = 6, fail_at: int = 3) -> dict[str, Any]:
+    """A failed step redone on ``device`` equals the fixed run (issue 24).
+
+    A model with dropout (draws from the device's generator) and BatchNorm (buffers a forward updates)
+    trains ``steps`` steps twice: straight, and with step ``fail_at`` attempted once -- forward and backward,
+    as when a peer dies before the commit -- then undone by the step's own undo record (elastic.py's
+    lost-step path) and redone. The control arm undoes everything but the CUDA generators: on a GPU its
+    dropout masks differ, which is what a redo without them trained on.
+    """
+    from etj_trainer.step import _Undo
+
+    def run(fail: bool, keep_cuda_rng: bool = True) -> list[torch.Tensor]:
+        torch.manual_seed(0)  # every device's generator too
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 64),
+            torch.nn.BatchNorm1d(64),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(0.5),
+            torch.nn.Linear(64, 10),
+        ).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        g = torch.Generator().manual_seed(1)
+        for i in range(steps):
+            x, y = (
+                torch.randn(64, 32, generator=g).to(device),
+                torch.randint(0, 10, (64,), generator=g).to(device),
+            )
+            if fail and i == fail_at:
+                undo = _Undo.capture(model)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()  # the attempt whose commit never came
+                if not keep_cuda_rng:
+                    undo.cuda_rng = []
+                undo.restore(model)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return [t.detach().double().cpu() for t in model.state_dict().values()]
+
+    def diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+        return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
+
+    fixed = run(False)
+    redone, control = diff(fixed, run(True)), diff(fixed, run(True, keep_cuda_rng=False))
+    return {"max_abs_diff": redone, "equal": redone == 0.0, "control_without_cuda_rng_max_abs_diff": control}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, toy sizes: checks the code paths only")
@@ -219,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "goal": ">= 0.95 and >= 3000 img/s on one H100",
         "met": bool(cuda and dali / synthetic >= 0.95 and dali >= 3000),
     }
+    result["redo"] = redo_check(device)
     text = json.dumps(result, indent=2)
     print(text)
     if ns.out:

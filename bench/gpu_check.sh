@@ -7,12 +7,18 @@
 # 1. DALI "mixed" (nvJPEG) vs CPU decoding with the recipe's augmentation, img/s       (bench/gpu_check.py)
 # 2. ResNet-50 bf16 + channels_last: DALI-fed vs synthetic on-GPU batches, img/s        (bench/gpu_check.py)
 #    goal: DALI-fed >= 0.95 x synthetic and >= 3,000 img/s on one H100
-# 3. the trainer on CUDA with NCCL: `etj-train local` with one node (a world of 1) trains to step 20, then a
-#    second run with the same node-local copy restarts from it and trains on to step 30 (restore, not 0)
+# 3. a failed step redone on the GPU (the step's undo: buffers, CPU and CUDA generators) equals the fixed
+#    run, bit for bit; the control arm, undone without the CUDA generators, differs  (bench/gpu_check.py)
+# 4. the trainer on CUDA with NCCL: `etj-train local` with one node (a world of 1) trains to step 20, then a
+#    second run with the same node-local copy restarts from it and trains on to step 30 (restore, not 0).
+#    One GPU cannot host two NCCL ranks (NCCL refuses two ranks on one device), so the multi-rank paths --
+#    leave, join, crash recovery under cpu:gloo,cuda:nccl -- are proven on CPU (tests/trainer/
+#    test_gpu_placement.py) and need a machine with 2+ GPUs to run on NCCL itself.
 #
 # Needs: the etj trainer environment (pip install '.[trainer]', or the trainer image), python on PATH (or
-# PYTHON=...). Writes OUT_DIR/gpu_check.json, OUT_DIR/trainer-*.log and OUT_DIR/summary.json; exits non-zero
-# when a step fails (the goal of step 2 is reported, not enforced).
+# PYTHON=...). Prints one JSON summary on stdout (progress goes to stderr) and writes it to
+# OUT_DIR/summary.json, beside OUT_DIR/gpu_check.json and the trainer's logs; exits non-zero when a check
+# fails (the goal of step 2 is reported, not enforced).
 set -euo pipefail
 
 SMOKE=0
@@ -28,7 +34,7 @@ OUT=$(cd "$OUT" && pwd)
 say() { printf '\n== %s\n' "$*" >&2; }
 
 say "environment"
-"$PY" - <<'EOF' | tee "$OUT/env.json"
+"$PY" - <<'EOF' | tee "$OUT/env.json" >&2
 import json, torch
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.is_available()}
 if torch.cuda.is_available():
@@ -42,18 +48,20 @@ except ImportError as e:
 print(json.dumps(info))
 EOF
 if [[ $SMOKE == 0 ]]; then
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia-smi.csv"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/nvidia-smi.csv" >&2
   "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "no CUDA device: run with --smoke")'
 fi
 
-say "1+2: decode and training throughput"
+say "1+2+3: decode and training throughput, the redo of a failed step"
+# deterministic cuBLAS for the redo check (CUDA reads it when its first handle is made)
+export CUBLAS_WORKSPACE_CONFIG=${CUBLAS_WORKSPACE_CONFIG:-:4096:8}
 if [[ $SMOKE == 1 ]]; then
-  "$PY" "$HERE/gpu_check.py" --smoke --work-dir "$OUT/data" --out "$OUT/gpu_check.json"
+  "$PY" "$HERE/gpu_check.py" --smoke --work-dir "$OUT/data" --out "$OUT/gpu_check.json" >&2
 else
-  "$PY" "$HERE/gpu_check.py" --work-dir "$OUT/data" --out "$OUT/gpu_check.json"
+  "$PY" "$HERE/gpu_check.py" --work-dir "$OUT/data" --out "$OUT/gpu_check.json" >&2
 fi
 
-say "3: the trainer on CUDA + NCCL, a world of 1, then a restart from the node-local copy"
+say "4: the trainer on CUDA + NCCL, a world of 1, then a restart from the node-local copy"
 # Fresh directories: the restart must find exactly the copy the first run left.
 LOCAL_CKPT="$OUT/local-copy"
 rm -rf "$LOCAL_CKPT" "$OUT/trainer-1" "$OUT/trainer-2"
@@ -91,10 +99,14 @@ checks = {
     "run 2 finished at step 30": runs[1]["finished"] is True and runs[1]["step"] == 30,
     "world of 1": runs[0]["worldSize"] == 1 and runs[1]["worldSize"] == 1,
 }
+gpu = json.loads((out / "gpu_check.json").read_text())
+checks["a redone step equals the fixed run"] = bool(gpu["redo"]["equal"])
 if not smoke:
     checks["NCCL process group"] = runs[0]["nccl"] and runs[1]["nccl"]
-gpu = json.loads((out / "gpu_check.json").read_text())
-summary = {"smoke": smoke, "decode": gpu.get("decode"), "train": gpu.get("train"), "trainer_runs": runs, "checks": checks}
+    checks["the redo check is sharp (without the CUDA generators it differs)"] = (
+        gpu["redo"]["control_without_cuda_rng_max_abs_diff"] > 0)
+summary = {"smoke": smoke, "device": gpu.get("device"), "decode": gpu.get("decode"), "train": gpu.get("train"),
+           "redo": gpu.get("redo"), "trainer_runs": runs, "checks": checks}
 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 print(json.dumps(summary, indent=2))
 failed = [k for k, ok in checks.items() if not ok]

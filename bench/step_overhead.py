@@ -20,6 +20,7 @@ the writer thread) and amortised over the interval, because a short run may see 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -119,24 +120,95 @@ def _etj_arm(rank: int, steps: int, local_dir: str) -> list[float]:
     return list(flag.times)
 
 
+def _commit_arm(rank: int, steps: int) -> list[float]:
+    """The commit all-reduce alone (loss + one stop code per rank, float64), as etj's step runs it."""
+    stats = torch.zeros(1 + WORLD, dtype=torch.float64)
+    marks = []
+    dist.barrier()
+    for _ in range(steps):
+        dist.all_reduce(stats)
+        marks.append(time.monotonic())
+    return marks
+
+
 def _rank_main(rank: int, arm: str, steps: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     os.environ["LOCAL_RANK"] = str(rank)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        marks = _ddp_arm(rank, steps) if arm == "ddp" else _etj_arm(rank, steps, str(Path(out_dir, "shm")))
+        # stdout is the bench's JSON: the trainer's own lines ("ready at step", ETJ_RESULT) go to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            if arm == "ddp":
+                marks = _ddp_arm(rank, steps)
+            elif arm == "commit":
+                marks = _commit_arm(rank, steps)
+            else:
+                marks = _etj_arm(rank, steps, str(Path(out_dir, "shm")))
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(marks))
     finally:
         dist.destroy_process_group()
 
 
-def run_arm(arm: str, steps: int, warmup: int) -> float:
-    """Seconds per step of one fresh 2-process run, steady state (rank 0's marks after the warm-up)."""
+def run_marks(arm: str, steps: int) -> list[float]:
+    """Rank 0's marks (one a step) of one fresh 2-process run."""
     with tempfile.TemporaryDirectory(dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as tmp:
         mp.spawn(_rank_main, args=(arm, steps, str(Path(tmp, "init")), tmp), nprocs=WORLD, join=True)
-        marks = json.loads(Path(tmp, "rank0.json").read_text())
+        marks: list[float] = json.loads(Path(tmp, "rank0.json").read_text())
     assert len(marks) == steps, (arm, len(marks))
+    return marks
+
+
+def run_arm(arm: str, steps: int, warmup: int) -> float:
+    """Seconds per step of one fresh 2-process run, steady state (rank 0's marks after the warm-up)."""
+    marks = run_marks(arm, steps)
     return (marks[-1] - marks[warmup]) / (steps - 1 - warmup)
+
+
+def _median_s(fn: Any, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def tax_breakdown(ddp_s_per_step: float) -> dict[str, Any]:
+    """What etj's step does that the plain loop does not, each part timed alone (median of many, so the
+    machine's noise hardly moves it) as seconds and as a fraction of the plain step: where the tax goes.
+
+    ``zero_grad_memset``: what zeroing every gradient in place cost per step before issue 24 (a plain loop
+    sets them to None; so does etj now). ``commit_allreduce``: the step's commit in a 2-process world.
+    ``undo_capture``: the step-start record of buffers and generators. ``sampler``: the step's indices,
+    its share and the schedule's position.
+    """
+    import torchvision
+
+    from etj_trainer.sampler import ElasticSampler
+    from etj_trainer.step import _Undo
+
+    torch.set_num_threads(1)
+    model = torchvision.models.resnet18(weights=None, num_classes=10)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    F.cross_entropy(model(torch.randn(2, 3, IMAGE, IMAGE)), torch.tensor([0, 1])).backward()
+    sampler = ElasticSampler(DATASET, 0)
+
+    def indices() -> None:
+        gidx = sampler.next_global_batch(GLOBAL_BATCH)
+        ElasticSampler.rank_slice(gidx, WORLD, 0)
+        sampler.commit(len(gidx))
+
+    parts = {
+        "zero_grad_memset": _median_s(lambda: opt.zero_grad(set_to_none=False), 50),
+        "undo_capture": _median_s(lambda: _Undo.capture(model), 200),
+        "sampler": _median_s(indices, 200),
+        "commit_allreduce": statistics.median(_gaps(run_marks("commit", 400), 50)),
+    }
+    return {k: {"s": round(v, 6), "of_ddp_step": round(v / ddp_s_per_step, 5)} for k, v in parts.items()}
+
+
+def _gaps(marks: list[float], skip: int) -> list[float]:
+    return [b - a for a, b in zip(marks[skip:], marks[skip + 1 :], strict=False)]
 
 
 def snapshot_cost(interval_s: float) -> dict[str, float]:
@@ -192,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r} {arm}: {runs[arm][-1]:.4f} s/step", file=sys.stderr, flush=True)
     ddp, etj = statistics.median(runs["ddp"]), statistics.median(runs["etj"])
     snap = snapshot_cost(TrainConfig.local_snapshot_interval_s)
+    tax = tax_breakdown(ddp)
     result = {
         "bench": "step_overhead",
         "model": "resnet18",
@@ -207,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_etj_over_ddp": round(etj / ddp, 4),
         "snapshot": snap,
         "ratio_with_amortised_snapshot": round(etj / ddp + snap["amortised_fraction"], 4),
+        "tax_breakdown": tax,
         "goal": "<= 1.03",
         "host": {"cpus": os.cpu_count(), "loadavg": os.getloadavg()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,23 +32,6 @@ def _standin_env(mode: str, log: Path, gpus: int) -> dict[str, str]:
     }
 
 
-def _tiny(tmp: Path, epochs: int, min_step_seconds: float) -> dict[str, str]:
-    return {
-        "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
-        "ETJ_DTYPE": "float64",
-        "ETJ_SEED": "3",
-        "ETJ_LR": "0.05",
-        "ETJ_MOMENTUM": "0.9",
-        "ETJ_EPOCHS": str(epochs),
-        "ETJ_GLOBAL_BATCH_SIZE": "32",
-        "ETJ_MICRO_BATCH_SIZE": "8",
-        "ETJ_MIN_STEP_SECONDS": str(min_step_seconds),
-        "ETJ_SAMPLE_LOG_DIR": str(tmp / "samples"),
-        "ETJ_PEER_DEAD_AFTER_S": "3",
-    }
-
-
 def _binds(log: Path) -> dict[int, list[tuple[int, str, str, bool]]]:
     """Each process's bind records, in order: (local rank, device chosen, set_device calls, group formed)."""
     per_pid: dict[int, list[tuple[int, str, str, bool]]] = defaultdict(list)
@@ -60,12 +44,14 @@ def _binds(log: Path) -> dict[int, list[tuple[int, str, str, bool]]]:
 
 @pytest.mark.slow
 def test_a_gpu_pod_of_two_binds_two_gpus_and_resizes_in_place_with_cpu_control_traffic(
-    tmp_path: Path,
+    tmp_path: Path, tiny_job_env: Callable[..., dict[str, str]]
 ) -> None:
     """2 pods x 2 processes on simulated 2-GPU nodes, under the GPU node's two-backend group: a whole pod
     leaves in place, another joins in place, the job ends where one process ends, every sample once."""
     log = tmp_path / "binds.log"
-    env = {**_tiny(tmp_path, epochs=6, min_step_seconds=0.15), **_standin_env("cpu+cuda", log, gpus=2)}
+    env = tiny_job_env(
+        tmp_path, ETJ_EPOCHS="6", ETJ_MIN_STEP_SECONDS="0.15", **_standin_env("cpu+cuda", log, 2)
+    )
     result = run_local(2, parse_schedule("12:-1,30:+1"), env, tmp_path / "logs", 600, procs_per_node=2)
     assert result.get("finished") is True, result
     assert [(r["from"], r["to"]) for r in result["resizes"]] == [(4, 2), (2, 4)]  # type: ignore[index]

@@ -9,6 +9,7 @@ sample was trained on exactly once per epoch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,25 +21,7 @@ from etj_trainer.local_launcher import parse_schedule, run_local
 from etj_trainer.sample_log import consumed_per_epoch
 from etj_trainer.worldsim import run_world
 
-
-def _job(tmp: Path, max_workers: int) -> dict[str, str]:
-    return {
-        "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
-        "ETJ_DTYPE": "float64",
-        "ETJ_SEED": "3",
-        "ETJ_LR": "0.05",
-        "ETJ_MOMENTUM": "0.9",
-        "ETJ_EPOCHS": "3",
-        "ETJ_GLOBAL_BATCH_SIZE": "32",
-        "ETJ_MICRO_BATCH_SIZE": "8",
-        "ETJ_MIN_STEP_SECONDS": "0.1",
-        "ETJ_SAMPLE_LOG_DIR": str(tmp / "samples"),
-        "ETJ_CHECKPOINT_DIR": str(tmp / "ckpt"),
-        "ETJ_MAX_WORKERS": str(max_workers),
-        # a survivor starved of CPU on a loaded CI machine must not be taken for dead
-        "ETJ_PEER_DEAD_AFTER_S": "3",
-    }
+TinyJobEnv = Callable[..., dict[str, str]]
 
 
 def _worker_logs(logs: Path) -> str:
@@ -74,8 +57,8 @@ def _assert_matches_a_fixed_run(env: dict[str, str], tmp: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_hard_kill_is_recovered_in_place(tmp_path: Path) -> None:
-    env = _job(tmp_path, max_workers=3)
+def test_a_hard_kill_is_recovered_in_place(tmp_path: Path, tiny_job_env: TinyJobEnv) -> None:
+    env = tiny_job_env(tmp_path, ETJ_CHECKPOINT_DIR=str(tmp_path / "ckpt"), ETJ_MAX_WORKERS="3")
     result = run_local(3, parse_schedule("20:!1"), env, tmp_path / "logs", timeout_s=600)
     # the first world waited for all three agents, the kill shrank it once, in the survivors' processes
     logs = _assert_resized_in_place(result, tmp_path / "logs", [(3, 2)])
@@ -85,8 +68,8 @@ def test_a_hard_kill_is_recovered_in_place(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_join_is_admitted_in_place(tmp_path: Path) -> None:
-    env = _job(tmp_path, max_workers=3)
+def test_a_join_is_admitted_in_place(tmp_path: Path, tiny_job_env: TinyJobEnv) -> None:
+    env = tiny_job_env(tmp_path, ETJ_CHECKPOINT_DIR=str(tmp_path / "ckpt"), ETJ_MAX_WORKERS="3")
     result = run_local(2, parse_schedule("15:+1"), env, tmp_path / "logs", timeout_s=600)
     logs = _assert_resized_in_place(result, tmp_path / "logs", [(2, 3)])
     assert "joining the running world in place" in logs and "resizing 2->3 in process" in logs

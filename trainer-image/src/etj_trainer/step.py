@@ -155,7 +155,7 @@ class Step:
         self.committed = False
         self.lost: recover.Lost | None = None  # a peer died in this step: it is redone in a new membership
         if job.optimizer is not None:
-            job.optimizer.zero_grad(set_to_none=False)
+            job.optimizer.zero_grad()  # to None, as a plain loop does: no memset of every gradient a step
 
     def micro_batches(self) -> Iterator[Micro]:
         """This rank's share in micro-batches; DDP syncs gradients only in the last one's backward.
