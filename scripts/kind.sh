@@ -23,6 +23,7 @@ CACHE=${ETJ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/etj}
 KCACHE="$CACHE/kind"
 KIND_VERSION=${ETJ_KIND_VERSION:-v0.31.0}
 KUBERNETES_VERSION=v1.36.3            # the control plane's version (testbed/.../toolchain/go.mod pins v0.36.3)
+HELM_VERSION=v3.21.4                  # helm.sh/helm/v3 in the same go.mod
 DEBIAN_SUITE=bookworm
 COREDNS_VERSION=v1.14.3               # kubeadm v1.36 names v1.14.2, which the package proxy here does not serve
 KNP_VERSION=v0.8.0                    # sigs.k8s.io/kube-network-policies
@@ -177,19 +178,19 @@ k8s_ldflags() {
     flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
     flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=2026-01-01T00:00:00Z"
   done
-  echo "$flags"
+  echo "$flags -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
 }
 K8S_CMDS=(kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
 ensure_k8s_binaries() {
   K8S_BIN="$KCACHE/k8s-$KUBERNETES_VERSION-$(hash_of "$TOOLCHAIN/go.mod" "$TOOLCHAIN/go.sum" <(k8s_ldflags))/bin"
-  [ -x "$K8S_BIN/etcd" ] && return 0
+  [ -x "$K8S_BIN/etcd" ] && [ -x "$K8S_BIN/helm" ] && return 0
   local work="$KCACHE/k8s-build" pkgs=()
   rm -rf "$work" && mkdir -p "$work/bin"
   cp "$TOOLCHAIN/go.mod" "$TOOLCHAIN/go.sum" "$work/"
   for c in "${K8S_CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-  step "go build ${K8S_CMDS[*]} etcd from the control plane's pinned module (Kubernetes $KUBERNETES_VERSION; ~10-20 min cold on 2 cores)"
+  step "go build ${K8S_CMDS[*]} etcd helm from the control plane's pinned module (Kubernetes $KUBERNETES_VERSION; ~10-20 min cold on 2 cores)"
   (cd "$work" && timed "kubernetes binaries" env GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 nice -n 10 \
-    go build -trimpath -ldflags="$(k8s_ldflags)" -o "$work/bin/" "${pkgs[@]}" go.etcd.io/etcd/server/v3)
+    go build -trimpath -ldflags="$(k8s_ldflags)" -o "$work/bin/" "${pkgs[@]}" go.etcd.io/etcd/server/v3 helm.sh/helm/v3/cmd/helm)
   mv "$work/bin/server" "$work/bin/etcd" 2>/dev/null || mv "$work/bin/v3" "$work/bin/etcd"
   mkdir -p "$(dirname "$K8S_BIN")" && rm -rf "$K8S_BIN" && mv "$work/bin" "$K8S_BIN" && rm -rf "$work"
 }
