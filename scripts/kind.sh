@@ -356,21 +356,39 @@ ensure_cluster() {
   "$KIND" get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_OUT"
 }
 
+# What `kind load docker-image` does, without its temporary copy of the image on the host, one node at a time,
+# and dropping the layer blobs once they are unpacked (what containerd's discard_unpacked_layers does for
+# pulled images): the CPU trainer image is ~7 GB where torch comes from PyPI (CUDA build), and three nodes
+# each holding it twice (blobs + snapshot) plus kind's temporary tar do not fit a 40 GB disk.
+NODE_LOAD_SCRIPT='
+set -eu
+img=$1
+ctr -n k8s.io images import --all-platforms --digests --snapshotter=overlayfs - >/dev/null
+target=$(ctr -n k8s.io images ls "name==$img" | awk "NR==2 {print \$3}")
+manifests=$(ctr -n k8s.io content get "$target" | jq -r ".manifests[]?.digest")
+[ -n "$manifests" ] || manifests=$target
+for m in $manifests; do
+  for layer in $(ctr -n k8s.io content get "$m" | jq -r ".layers[]?.digest"); do
+    ctr -n k8s.io content rm "$layer" >/dev/null 2>&1 || true
+  done
+done
+crictl inspecti -q "$img" >/dev/null'
 load_images() {
-  local workers img
-  workers=$("$KIND" get nodes --name "$CLUSTER" | grep -v control-plane | sort | paste -sd, -)
+  local workers img n id t0
+  workers=$("$KIND" get nodes --name "$CLUSTER" | grep -v control-plane | sort)
   for img in "$OPERATOR_IMAGE" "$TRAINER_IMAGE"; do
-    local id missing=()
     id=$(docker image inspect -f '{{.Id}}' "$img")
-    for n in ${workers//,/ }; do
-      docker exec "$n" crictl inspecti -q "$img" 2>/dev/null | grep -q "${id#sha256:}" || missing+=("$n")
+    for n in $workers; do
+      if docker exec "$n" crictl inspecti -q "$img" 2>/dev/null | grep -q "${id#sha256:}"; then
+        step "$img already on $n"
+        continue
+      fi
+      t0=$SECONDS
+      step "loading $img into $n"
+      docker save "$img" | docker exec -i "$n" bash -c "$NODE_LOAD_SCRIPT" load "$img" \
+        || die "loading $img into $n failed"
+      step "loading $img into $n ... $((SECONDS - t0)) s"
     done
-    if ((${#missing[@]})); then
-      step "kind load docker-image $img into ${missing[*]}"
-      timed "kind load $img" "$KIND" load docker-image "$img" --name "$CLUSTER" --nodes "$(IFS=,; echo "${missing[*]}")" >&2
-    else
-      step "$img already on $workers"
-    fi
   done
 }
 
