@@ -223,10 +223,13 @@ component_image() {
 }
 
 NODE_KEY=""
+# Bump when ensure_node_image below changes what goes into the node image.
+NODE_RECIPE=1
 ensure_node_image() {
   # The node image's key: everything that goes into it.
-  NODE_KEY=$(cat "$KIND_DIR/runc-wrapper" "$KIND_DIR"/images/*/* "$KIND_DIR"/manifests/* "${BASH_SOURCE[0]}" \
-             "$TOOLCHAIN/go.mod" | sha256sum | cut -c1-12)
+  NODE_KEY=$(cat "$KIND_DIR"/images/*/* "$KIND_DIR"/manifests/* "$TOOLCHAIN/go.mod" "$TOOLCHAIN/go.sum" \
+             <(echo "$KIND_VERSION $KUBERNETES_VERSION $HELM_VERSION $COREDNS_VERSION $KNP_VERSION $CRICTL_VERSION" \
+                    "$LPP_VERSION $ETCD_IMAGE_TAG $PAUSE_VERSION $DEBIAN_SUITE $NODE_RECIPE") | sha256sum | cut -c1-12)
   NODE_IMAGE=etj.local/kind-node:$KUBERNETES_VERSION-$NODE_KEY
   have_image "$NODE_IMAGE" && { step "node image $NODE_IMAGE (cached)"; return 0; }
   ensure_k8s_binaries
