@@ -1,5 +1,5 @@
 # The two commands of the README quick start. Both set everything up first (idempotent, cached).
-.PHONY: setup demo test lint crds kind kind-down
+.PHONY: setup demo test lint crds kind kind-install kind-demo kind-down
 
 setup:
 	./scripts/setup.sh
@@ -24,6 +24,13 @@ crds:
 # ~/.cache/etj/kind). Not part of `make test`.
 kind:
 	./scripts/kind.sh up
+
+# helm install of charts/etj into that cluster with the local operator image; then the CPU demo job on it.
+kind-install:
+	./scripts/kind.sh install
+
+kind-demo:
+	./scripts/kind.sh demo
 
 kind-down:
 	./scripts/kind.sh down

@@ -395,8 +395,70 @@ load_images() {
   done
 }
 
+RELEASE=${ETJ_RELEASE:-etj}
+RELEASE_NAMESPACE=${ETJ_RELEASE_NAMESPACE:-etj-system}
+tools_env() {
+  ensure_kind
+  ensure_k8s_binaries
+  export PATH="$K8S_BIN:$PATH" KUBECONFIG="$KUBECONFIG_OUT"
+}
+# helm install of charts/etj with the local operator image (never pulled), into a namespace that enforces
+# Pod Security "restricted", as the e2e-kind workflow does.
+install_chart() {
+  local repo=${OPERATOR_IMAGE%:*} tag=${OPERATOR_IMAGE##*:} t0=$SECONDS
+  kubectl get namespace "$RELEASE_NAMESPACE" >/dev/null 2>&1 || kubectl create namespace "$RELEASE_NAMESPACE" >&2
+  kubectl label --overwrite namespace "$RELEASE_NAMESPACE" pod-security.kubernetes.io/enforce=restricted >&2
+  step "helm upgrade --install $RELEASE charts/etj (image $OPERATOR_IMAGE, pullPolicy Never, trainer $TRAINER_IMAGE)"
+  helm upgrade --install "$RELEASE" "$ROOT/charts/etj" --namespace "$RELEASE_NAMESPACE" \
+    --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=Never \
+    --set trainer.image="$TRAINER_IMAGE" --wait --timeout 5m >&2
+  kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
+  kubectl -n "$RELEASE_NAMESPACE" get pods -o wide >&2
+  step "helm install ... $((SECONDS - t0)) s"
+}
+# examples/demo-cpu.yaml with the loaded CPU image (never pulled), checkpoints on the pod's /tmp volume (kind
+# has no ReadWriteMany storage), as the e2e-kind workflow's smoke job.
+demo_manifest() {
+  python3 - "$ROOT/examples/demo-cpu.yaml" "$TRAINER_IMAGE" <<'PY'
+import json, sys
+import yaml
+job = yaml.safe_load(open(sys.argv[1]))
+job["spec"]["trainer"]["image"] = sys.argv[2]
+job["spec"]["trainer"]["imagePullPolicy"] = "Never"
+job["spec"]["replicas"] = {"min": 1, "max": 2}
+job["spec"]["checkpoint"]["path"] = "/tmp/checkpoints"
+print(json.dumps(job))
+PY
+}
+# The example jobs ask for nvidia.com/gpu: advertise it on the CPU workers (node-status patch), as the workflow does.
+advertise_gpus() {
+  local node
+  for node in $(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name); do
+    kubectl patch "$node" --subresource=status --type=json \
+      -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"2"}]' >/dev/null
+  done
+}
+
 cmd=${1:-up}
 case "$cmd" in
+  install)
+    tools_env
+    install_chart
+    ;;
+  demo)
+    tools_env
+    advertise_gpus
+    kubectl get namespace etj-demo >/dev/null 2>&1 || kubectl create namespace etj-demo >&2
+    kubectl label --overwrite namespace etj-demo pod-security.kubernetes.io/enforce=restricted >&2
+    demo_manifest | kubectl apply -n etj-demo -f - >&2
+    for _ in $(seq 1 180); do
+      phase=$(kubectl get etj demo-cpu -n etj-demo -o jsonpath='{.status.phase}' 2>/dev/null || true)
+      step "$(kubectl get etj demo-cpu -n etj-demo --no-headers 2>/dev/null)"
+      case "$phase" in Succeeded) exit 0 ;; Failed) exit 1 ;; esac
+      sleep 10
+    done
+    die "demo-cpu did not finish in 30 minutes"
+    ;;
   up | images | node-image)
     ensure_packages
     ensure_dockerd
@@ -414,5 +476,5 @@ case "$cmd" in
   down)
     [ -x "$KIND" ] && "$KIND" delete cluster --name "$CLUSTER" >&2
     ;;
-  *) die "usage: $0 [up|images|node-image|down]" ;;
+  *) die "usage: $0 [up|images|node-image|install|demo|down]" ;;
 esac
