@@ -52,8 +52,8 @@ timed() {  # timed LABEL CMD...: run CMD, print its duration
 hash_of() { cat "$@" | sha256sum | cut -c1-12; }
 
 mkdir -p "$KCACHE"
-exec 9>"$KCACHE/.lock"
-flock 9
+# One build at a time (install/demo only read what `up` made).
+lock() { exec 9>"$KCACHE/.lock" && flock 9; }
 
 # ---------------------------------------------------------------------------------------------------- 1
 ensure_packages() {
@@ -460,6 +460,7 @@ case "$cmd" in
     die "demo-cpu did not finish in 30 minutes"
     ;;
   up | images | node-image)
+    lock
     ensure_packages
     ensure_dockerd
     ensure_base_images
