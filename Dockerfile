@@ -32,7 +32,12 @@ ENV PATH=/opt/etj/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp
-# Numeric user (no passwd entry needed), matching the chart's podSecurityContext.runAsUser.
+# A passwd and group entry for the numeric user: a real kubelet runs the container as exactly this uid, and
+# getpass.getuser() (kopf's peer identity, at operator start-up) raises KeyError for a uid
+# without one. An entry the base already has is kept.
+RUN (getent passwd 65532 >/dev/null || echo "etj:x:65532:65532:etj:/tmp:/usr/sbin/nologin" >> /etc/passwd) \
+    && (getent group 65532 >/dev/null || echo "etj:x:65532:" >> /etc/group)
+# Numeric user, matching the chart's podSecurityContext.runAsUser.
 USER 65532:65532
 # kopf /healthz and Prometheus /metrics (the chart's operator.livenessPort and metrics.port).
 EXPOSE 8080 9090

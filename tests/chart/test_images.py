@@ -189,6 +189,20 @@ def test_images_run_as_the_non_root_users_the_pods_declare() -> None:
         assert _user(trainer) == (NONROOT_UID, NONROOT_UID)
 
 
+def test_images_give_their_numeric_user_a_passwd_entry() -> None:
+    # Found on kind: kopf's peer identity calls getpass.getuser(), which raises KeyError ("getpwuid(): uid not
+    # found: 65532") when the uid has no passwd entry, so the operator crash-looped under a real kubelet. The
+    # process-backed bed runs it as the host user, who has one. The entry must be made in the final stage.
+    for dockerfile in DOCKERFILES:
+        uid, gid = _user(dockerfile)
+        instructions = parse(dockerfile)
+        last_from = max(n for n, i in enumerate(instructions) if i.keyword == "FROM")
+        runs = " ".join(i.value for i in instructions[last_from:] if i.keyword == "RUN")
+        assert f"getent passwd {uid}" in runs and f":{uid}:{gid}:" in runs, dockerfile
+        assert "/etc/passwd" in runs, dockerfile
+        assert f"getent group {gid}" in runs and "/etc/group" in runs, dockerfile
+
+
 def test_operator_entrypoint_is_the_charts_command() -> None:
     entry = [i.value for i in parse(OPERATOR) if i.keyword == "ENTRYPOINT"]
     container = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]

@@ -81,3 +81,12 @@ def test_agent_config_targets_the_external_store() -> None:
     conf = agent.rdzv_configs()
     assert conf["is_host"] is False  # never host the store in a worker
     assert conf["last_call_timeout"] <= 2 and conf["keep_alive_interval"] <= 2
+
+
+def test_agent_publishes_the_pod_ip_as_its_address() -> None:
+    # Found on kind: without it torch elastic publishes socket.getfqdn() (the pod's hostname) as MASTER_ADDR,
+    # other pods cannot resolve it, and init_process_group times out with "1/2 clients joined".
+    agent = AgentConfig.from_env({**CONTRACT_ENV, "POD_IP": "10.244.1.5"})
+    assert agent.rendezvous_parameters().local_addr == "10.244.1.5"
+    assert "--local-addr=10.244.1.5" in agent.torchrun_args()
+    assert AgentConfig.from_env(CONTRACT_ENV).rendezvous_parameters().local_addr is None

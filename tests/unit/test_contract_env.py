@@ -37,7 +37,7 @@ def test_names_are_unique_and_prefixed() -> None:
 def test_the_operator_sets_exactly_the_reserved_variables_in_the_contracts_order() -> None:
     spec = job().spec
     names = [e["name"] for e in worker_env(spec, job="j", namespace="ns", uid="u", pod="j-worker-0")]
-    assert names == [*RESERVED_ENV, "HOME"]
+    assert names == [*RESERVED_ENV, "HOME", "POD_IP"]
     assert tuple(v.name for v in etj_env.ALL if v.set_by == etj_env.SetBy.OPERATOR) == RESERVED_ENV
 
 

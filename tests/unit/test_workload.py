@@ -59,6 +59,13 @@ def test_worker_env_follows_the_contract() -> None:
     assert names.index("ETJ_DATA") > names.index("ETJ_PROGRESS_URL")  # user env after the operator's
 
 
+def test_workers_publish_their_pod_ip_not_their_hostname() -> None:
+    # Found on kind: torch elastic's MASTER_ADDR defaulted to the pod's hostname, which no other pod resolves.
+    container = _pod(trainer={"image": "t:1"})["spec"]["containers"][0]
+    pod_ip = [e for e in container["env"] if e["name"] == "POD_IP"]
+    assert pod_ip == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+
+
 def test_cpu_pods_run_procs_per_worker_processes() -> None:
     # gpu: 0 with procsPerWorker: 2 -- two CPU ranks per pod, and no GPU requested
     pod = _pod(trainer={"image": "t:1", "resources": {"gpu": 0, "cpu": 2}, "procsPerWorker": 2})

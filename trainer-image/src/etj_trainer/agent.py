@@ -111,6 +111,9 @@ class AgentConfig:
     worker_id: str = ""
     startup_workers: int = 0  # wait for this many agents before the first rendezvous (startup.py)
     startup_wait_s: float = 60.0
+    # The address other workers reach this pod at (the pod IP, from the downward API). torch elastic
+    # otherwise publishes socket.getfqdn(): a pod's hostname, which other pods cannot resolve.
+    local_addr: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -126,6 +129,7 @@ class AgentConfig:
             progress_url=etj_env.PROGRESS_URL.get(e, ""),
             worker_id=etj_env.WORKER_ID.get(e, ""),
             grace_seconds=etj_env.TERMINATION_GRACE_SECONDS.read(e),
+            local_addr=e.get("POD_IP", ""),
         )
         cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
         cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)
@@ -166,6 +170,7 @@ class AgentConfig:
             run_id=self.run_id,
             min_nodes=self.min_nodes,
             max_nodes=self.max_nodes,
+            local_addr=self.local_addr or None,
             **self.rdzv_configs(),
         )
 
@@ -185,6 +190,7 @@ class AgentConfig:
             f"--rdzv-conf={conf}",
             f"--max-restarts={self.max_restarts}",
             f"--monitor-interval={self.monitor_interval}",
+            *([f"--local-addr={self.local_addr}"] if self.local_addr else []),
         ]
 
 
@@ -355,6 +361,7 @@ def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
         ),
         keep_alive_interval=cfg.keep_alive_interval,
         keep_alive_max_attempt=cfg.keep_alive_max_attempt,
+        local_addr=cfg.local_addr or None,
     )
     return handler, store
 

@@ -285,6 +285,10 @@ def worker_env(
     ]
     # The root filesystem is read-only: caches go to the /tmp emptyDir.
     env.append({"name": "HOME", "value": "/tmp"})
+    # The address the agent publishes to the other workers (MASTER_ADDR of the process group). Without
+    # it torch elastic publishes the pod's hostname, which no other pod can resolve: on kind every
+    # init_process_group timed out ("1/2 clients joined"); process-backed pods share one host.
+    env.append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     env += [e.to_dict() for e in spec.trainer.env]
     return env
 

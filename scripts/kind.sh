@@ -1,0 +1,481 @@
+#!/usr/bin/env bash
+# A real kind cluster running etj's own images, offline: `make kind` (or scripts/kind.sh [up|down|images]).
+#
+# Idempotent, from a bare Debian machine with root. Every step is skipped when its result is cached:
+#   1. apt-get install docker.io mmdebstrap (if missing); start dockerd (if not running), with the OCI runtime
+#      wrapper scripts/kind/runc-wrapper as default runtime only where `docker run --privileged` fails;
+#   2. a Debian bookworm base image (mmdebstrap --variant=minbase + docker import: no registry is needed)
+#      and a Python base on it;
+#   3. the operator image (Dockerfile) and the CPU trainer image (trainer-image/Dockerfile.cpu), built from
+#      the repository's Dockerfiles with only PYTHON_IMAGE changed (and TORCH_INDEX where the PyTorch index
+#      is unreachable);
+#   4. kind (go install sigs.k8s.io/kind), Kubernetes (kubelet, kubeadm, kubectl, control plane, kube-proxy,
+#      etcd) from the control plane's pinned Go module, CoreDNS, kube-network-policies, crictl and
+#      local-path-provisioner from theirs, their images, and a kind node image assembled from them;
+#   5. `kind create cluster`: a control plane, one on-demand and two spot workers (labels as in
+#      .github/workflows/e2e-kind.yaml), then `kind load docker-image` of the operator and trainer images.
+# The last line of stdout is the kubeconfig path. Progress goes to stderr. Cache: ${ETJ_CACHE_DIR:-~/.cache/etj}/kind.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KIND_DIR="$ROOT/scripts/kind"
+CACHE=${ETJ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/etj}
+KCACHE="$CACHE/kind"
+KIND_VERSION=${ETJ_KIND_VERSION:-v0.31.0}
+KUBERNETES_VERSION=v1.36.3            # the control plane's version (testbed/.../toolchain/go.mod pins v0.36.3)
+HELM_VERSION=v3.21.4                  # helm.sh/helm/v3 in the same go.mod
+DEBIAN_SUITE=bookworm
+COREDNS_VERSION=v1.14.3               # kubeadm v1.36 names v1.14.2, which the package proxy here does not serve
+KNP_VERSION=v0.8.0                    # sigs.k8s.io/kube-network-policies
+CRICTL_VERSION=v1.34.0
+LPP_VERSION=v0.0.30                   # github.com/rancher/local-path-provisioner
+ETCD_IMAGE_TAG=3.6.8-0                # kubeadm v1.36's DefaultEtcdVersion; the binary is the go.mod's etcd v3.6.8
+PAUSE_VERSION=3.10.2                  # kubeadm v1.36's PauseVersion
+CLUSTER=${ETJ_KIND_CLUSTER:-etj}
+OPERATOR_IMAGE=${ETJ_OPERATOR_IMAGE:-ghcr.io/etj-dev/etj-operator:dev}
+TRAINER_IMAGE=${ETJ_TRAINER_IMAGE:-ghcr.io/etj-dev/etj-trainer:dev-cpu}
+SHARED_DIR=${ETJ_E2E_SHARED_DIR:-/var/tmp/etj-e2e}
+TOOLCHAIN="$ROOT/testbed/src/etj_testbed/localcluster/toolchain"
+export DOCKER_BUILDKIT=0   # the legacy builder: BuildKit's `# syntax=` line would pull docker/dockerfile from Docker Hub
+
+START=$(date +%s)
+step() { printf '[kind %4ss] %s\n' "$(($(date +%s) - START))" "$*" >&2; }
+die() { printf 'kind.sh: error: %s\n' "$*" >&2; exit 1; }
+have_image() { docker image inspect "$1" >/dev/null 2>&1; }
+timed() {  # timed LABEL CMD...: run CMD, print its duration
+  local t0=$SECONDS label=$1
+  shift
+  "$@"
+  step "$label ... done in $((SECONDS - t0)) s"
+}
+# Content hash of files (the cache keys), 12 hex digits.
+hash_of() { cat "$@" | sha256sum | cut -c1-12; }
+
+mkdir -p "$KCACHE"
+# One build at a time (install/demo only read what `up` made).
+lock() { exec 9>"$KCACHE/.lock" && flock 9; }
+
+# ---------------------------------------------------------------------------------------------------- 1
+ensure_packages() {
+  local missing=()
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+  command -v go >/dev/null || die "Go is needed (the README's prerequisite: Go >= 1.26)"
+  if ((${#missing[@]})); then
+    [ "$(id -u)" = 0 ] || die "missing ${missing[*]}: run as root (apt-get install ${missing[*]})"
+    step "installing ${missing[*]} with apt"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+DOCKERD_PID="$KCACHE/dockerd.pid"
+start_dockerd() {  # start_dockerd [--with-wrapper]
+  local args=(--data-root "${ETJ_DOCKER_DATA_ROOT:-/var/lib/docker}" --pidfile "$DOCKERD_PID")
+  if [ "${1:-}" = --with-wrapper ]; then
+    install -D -m 0755 "$KIND_DIR/runc-wrapper" "$KCACHE/bin/etj-runc-wrapper"
+    args+=(--add-runtime "etj-runc=$KCACHE/bin/etj-runc-wrapper" --default-runtime etj-runc)
+  fi
+  step "starting dockerd ${args[*]} (log: $KCACHE/dockerd.log)"
+  nohup dockerd "${args[@]}" >>"$KCACHE/dockerd.log" 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && return 0; sleep 1; done
+  die "dockerd did not start; see $KCACHE/dockerd.log"
+}
+stop_our_dockerd() {
+  local pid
+  pid=$(cat "$DOCKERD_PID" 2>/dev/null) || die "dockerd is running but was not started by this script; privileged containers fail under it: restart it with --add-runtime etj-runc=$KIND_DIR/runc-wrapper --default-runtime etj-runc"
+  step "stopping dockerd (pid $pid) to restart it with the runtime wrapper"
+  kill "$pid"
+  for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || return 0; sleep 1; done
+  die "dockerd (pid $pid) did not stop"
+}
+ensure_dockerd() {
+  if ! docker info >/dev/null 2>&1; then
+    # A dockerd started earlier with the wrapper gets it again: the probe below would only find that out later.
+    if [ -f "$KCACHE/needs-runtime-wrapper" ]; then start_dockerd --with-wrapper; else start_dockerd; fi
+  fi
+}
+ensure_privileged() {  # needs the base image; called after it exists
+  if docker run --rm --privileged "$BASE_IMAGE" true >/dev/null 2>"$KCACHE/privileged-probe.err"; then
+    step "privileged containers run (runtime: $(docker info --format '{{.DefaultRuntime}}'))"
+    return 0
+  fi
+  step "docker run --privileged fails here: $(tr '\n' ' ' <"$KCACHE/privileged-probe.err" | cut -c1-200)"
+  [ "$(docker info --format '{{.DefaultRuntime}}')" != etj-runc ] || die "privileged containers fail even with the runtime wrapper"
+  stop_our_dockerd
+  touch "$KCACHE/needs-runtime-wrapper"
+  start_dockerd --with-wrapper
+  docker run --rm --privileged "$BASE_IMAGE" true || die "privileged containers still fail with the runtime wrapper"
+  step "privileged containers run with the runtime wrapper (scripts/kind/runc-wrapper)"
+}
+
+# ---------------------------------------------------------------------------------------------------- 2
+BASE_IMAGE=etj.local/debian:$DEBIAN_SUITE-minbase
+PYTHON_IMAGE=etj.local/python:3.11-$DEBIAN_SUITE
+ensure_base_images() {
+  if ! have_image "$BASE_IMAGE"; then
+    local tar="$KCACHE/debian-$DEBIAN_SUITE-minbase.tar"
+    if [ ! -s "$tar" ]; then
+      step "mmdebstrap --variant=minbase $DEBIAN_SUITE (Debian packages only; no container registry)"
+      timed "mmdebstrap" nice -n 10 mmdebstrap --quiet --variant=minbase "$DEBIAN_SUITE" "$tar.tmp"
+      mv "$tar.tmp" "$tar"
+    fi
+    timed "docker import $BASE_IMAGE" docker import "$tar" "$BASE_IMAGE" >/dev/null
+  fi
+  ensure_privileged
+  # The Python base: its build context carries the host's extra CA certificates (a TLS-inspecting proxy).
+  local ctx="$KCACHE/ctx/python"
+  rm -rf "$ctx" && mkdir -p "$ctx/extra-ca"
+  cp "$KIND_DIR/images/python/Dockerfile" "$ctx/"
+  cp /usr/local/share/ca-certificates/*.crt "$ctx/extra-ca/" 2>/dev/null || true
+  build_image "$PYTHON_IMAGE" "$ctx" --build-arg "BASE_IMAGE=$BASE_IMAGE"
+}
+
+# build_image TAG CONTEXT [docker build args...]: docker's layer cache makes a warm build a no-op.
+build_image() {
+  local tag=$1 ctx=$2 t0=$SECONDS log
+  shift 2
+  log="$KCACHE/logs/build-$(echo "$tag" | tr '/:' '__').log"
+  mkdir -p "$KCACHE/logs"
+  step "docker build $tag (log: $log)"
+  if ! nice -n 10 docker build -t "$tag" "$@" "$ctx" >"$log" 2>&1; then
+    tail -30 "$log" >&2
+    die "docker build $tag failed (log: $log)"
+  fi
+  step "docker build $tag ... $((SECONDS - t0)) s, $(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')"
+}
+
+# ---------------------------------------------------------------------------------------------------- 3
+ensure_etj_images() {
+  build_image "$OPERATOR_IMAGE" "$ROOT" --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE"
+  local torch_index=()
+  # download.pytorch.org (the CPU wheels) may be unreachable where only PyPI is: PyPI's torch is the CUDA
+  # build, which runs on CPU too (larger image). ETJ_TORCH_INDEX overrides.
+  if [ -n "${ETJ_TORCH_INDEX:-}" ]; then
+    torch_index=(--build-arg "TORCH_INDEX=$ETJ_TORCH_INDEX")
+  elif ! getent hosts download.pytorch.org >/dev/null 2>&1; then
+    step "download.pytorch.org does not resolve here: the trainer image takes torch from PyPI (CUDA build, runs on CPU)"
+    torch_index=(--build-arg "TORCH_INDEX=https://pypi.org/simple")
+  fi
+  build_image "$TRAINER_IMAGE" "$ROOT" -f "$ROOT/trainer-image/Dockerfile.cpu" \
+    --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" "${torch_index[@]}"
+}
+
+# ---------------------------------------------------------------------------------------------------- 4
+KIND="$KCACHE/tools/kind-$KIND_VERSION/kind"
+ensure_kind() {
+  if [ ! -x "$KIND" ]; then
+    step "go install sigs.k8s.io/kind@$KIND_VERSION"
+    timed "kind" env GOBIN="$(dirname "$KIND")" CGO_ENABLED=0 nice -n 10 go install "sigs.k8s.io/kind@$KIND_VERSION"
+  fi
+}
+
+k8s_ldflags() {
+  local major minor flags="-s -w" pkg
+  major=$(echo "${KUBERNETES_VERSION#v}" | cut -d. -f1)
+  minor=$(echo "${KUBERNETES_VERSION#v}" | cut -d. -f2)
+  for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=2026-01-01T00:00:00Z"
+  done
+  echo "$flags -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+}
+K8S_CMDS=(kubelet kubeadm kubectl kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
+ensure_k8s_binaries() {
+  K8S_BIN="$KCACHE/k8s-$KUBERNETES_VERSION-$(hash_of "$TOOLCHAIN/go.mod" "$TOOLCHAIN/go.sum" <(k8s_ldflags))/bin"
+  [ -x "$K8S_BIN/etcd" ] && [ -x "$K8S_BIN/helm" ] && return 0
+  local work="$KCACHE/k8s-build" pkgs=()
+  rm -rf "$work" && mkdir -p "$work/bin"
+  cp "$TOOLCHAIN/go.mod" "$TOOLCHAIN/go.sum" "$work/"
+  for c in "${K8S_CMDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+  step "go build ${K8S_CMDS[*]} etcd helm from the control plane's pinned module (Kubernetes $KUBERNETES_VERSION; ~10-20 min cold on 2 cores)"
+  (cd "$work" && timed "kubernetes binaries" env GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0 nice -n 10 \
+    go build -trimpath -ldflags="$(k8s_ldflags)" -o "$work/bin/" "${pkgs[@]}" go.etcd.io/etcd/server/v3 helm.sh/helm/v3/cmd/helm)
+  mv "$work/bin/server" "$work/bin/etcd" 2>/dev/null || mv "$work/bin/v3" "$work/bin/etcd"
+  mkdir -p "$(dirname "$K8S_BIN")" && rm -rf "$K8S_BIN" && mv "$work/bin" "$K8S_BIN" && rm -rf "$work"
+}
+
+ensure_ext_binaries() {
+  EXT_BIN="$KCACHE/ext-$(echo "$COREDNS_VERSION $KNP_VERSION $CRICTL_VERSION $LPP_VERSION" | sha256sum | cut -c1-12)/bin"
+  mkdir -p "$EXT_BIN"
+  local spec bin mod
+  for spec in "coredns github.com/coredns/coredns@$COREDNS_VERSION" \
+              "netpol sigs.k8s.io/kube-network-policies/cmd@$KNP_VERSION" \
+              "crictl sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION" \
+              "local-path-provisioner github.com/rancher/local-path-provisioner@$LPP_VERSION"; do
+    bin=${spec%% *} mod=${spec#* }
+    [ -x "$EXT_BIN/$bin" ] && continue
+    step "go install $mod"
+    rm -rf "$EXT_BIN/.tmp" && mkdir -p "$EXT_BIN/.tmp"
+    timed "$bin" env GOBIN="$EXT_BIN/.tmp" CGO_ENABLED=0 GOFLAGS="-trimpath" nice -n 10 go install -ldflags="-s -w" "$mod"
+    mv "$EXT_BIN/.tmp/"* "$EXT_BIN/$bin"
+  done
+}
+
+# component_image TAG BINARY_PATH NAME [PACKAGES]
+component_image() {
+  local tag=$1 src=$2 name=$3 packages=${4:-} ctx="$KCACHE/ctx/component-$3"
+  have_image "$tag" && return 0
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  cp "$KIND_DIR/images/component/Dockerfile" "$ctx/"
+  cp "$src" "$ctx/$name"
+  build_image "$tag" "$ctx" --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "BINARY=$name" --build-arg "PACKAGES=$packages"
+}
+
+NODE_KEY=""
+# Bump when ensure_node_image below changes what goes into the node image.
+NODE_RECIPE=1
+ensure_node_image() {
+  # The node image's key: everything that goes into it.
+  NODE_KEY=$(cat "$KIND_DIR"/images/*/* "$KIND_DIR"/manifests/* "$TOOLCHAIN/go.mod" "$TOOLCHAIN/go.sum" \
+             <(echo "$KIND_VERSION $KUBERNETES_VERSION $HELM_VERSION $COREDNS_VERSION $KNP_VERSION $CRICTL_VERSION" \
+                    "$LPP_VERSION $ETCD_IMAGE_TAG $PAUSE_VERSION $DEBIAN_SUITE $NODE_RECIPE") | sha256sum | cut -c1-12)
+  NODE_IMAGE=etj.local/kind-node:$KUBERNETES_VERSION-$NODE_KEY
+  have_image "$NODE_IMAGE" && { step "node image $NODE_IMAGE (cached)"; return 0; }
+  ensure_k8s_binaries
+  ensure_ext_binaries
+  local reg=registry.k8s.io kv=$KUBERNETES_VERSION kindnet_tag="$NODE_KEY" images=() c
+  for c in kube-apiserver kube-controller-manager kube-scheduler; do
+    component_image "$reg/$c:$kv" "$K8S_BIN/$c" "$c"; images+=("$reg/$c:$kv")
+  done
+  component_image "$reg/kube-proxy:$kv" "$K8S_BIN/kube-proxy" kube-proxy "iptables conntrack ipset kmod"
+  component_image "$reg/etcd:$ETCD_IMAGE_TAG" "$K8S_BIN/etcd" etcd
+  component_image "$reg/coredns/coredns:$COREDNS_VERSION" "$EXT_BIN/coredns" coredns
+  component_image "etj.local/local-path-provisioner:$LPP_VERSION" "$EXT_BIN/local-path-provisioner" local-path-provisioner
+  images+=("$reg/kube-proxy:$kv" "$reg/etcd:$ETCD_IMAGE_TAG" "$reg/coredns/coredns:$COREDNS_VERSION"
+           "etj.local/local-path-provisioner:$LPP_VERSION")
+  # local-path's helper pod runs `sh` scripts: the Debian base has them.
+  docker tag "$BASE_IMAGE" etj.local/local-path-helper:$DEBIAN_SUITE && images+=("etj.local/local-path-helper:$DEBIAN_SUITE")
+  local ctx="$KCACHE/ctx/pause"
+  if ! have_image "$reg/pause:$PAUSE_VERSION"; then
+    rm -rf "$ctx" && mkdir -p "$ctx"
+    cp "$KIND_DIR/images/pause/Dockerfile" "$ctx/"
+    cp "$(go env GOMODCACHE)/k8s.io/kubernetes@$KUBERNETES_VERSION/build/pause/linux/pause.c" "$ctx/" \
+      || die "pause.c not in the module cache (k8s.io/kubernetes@$KUBERNETES_VERSION)"
+    build_image "$reg/pause:$PAUSE_VERSION" "$ctx" --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "PAUSE_VERSION=$PAUSE_VERSION"
+  fi
+  images+=("$reg/pause:$PAUSE_VERSION")
+  ctx="$KCACHE/ctx/kindnet"
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  cp "$KIND_DIR/images/kindnet/"* "$ctx/"
+  cp "$K8S_BIN/kubectl" "$EXT_BIN/netpol" "$ctx/"
+  build_image "etj.local/kindnet:$kindnet_tag" "$ctx" --build-arg "BASE_IMAGE=$BASE_IMAGE"
+  images+=("etj.local/kindnet:$kindnet_tag")
+
+  # The node's build context: kind's own node files from its module, containerd's config, the binaries.
+  local kmod
+  kmod=$(cd "$KCACHE" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kind@$KIND_VERSION" | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+  ctx="$KCACHE/ctx/node"
+  rm -rf "$ctx" && mkdir -p "$ctx/bin" "$ctx/manifests"
+  cp -r "$kmod/images/base/files" "$ctx/files" && chmod -R u+w "$ctx/files"
+  rm -f "$ctx/files/etc/containerd/config.toml"
+  cp "$KIND_DIR/images/node/Dockerfile" "$KIND_DIR/images/node/containerd-config.toml" "$ctx/"
+  sed "s/@PAUSE_IMAGE@/registry.k8s.io\/pause:$PAUSE_VERSION/" "$KIND_DIR/images/node/containerd-config.toml" >"$ctx/containerd-config.toml"
+  cp "$K8S_BIN/kubelet" "$K8S_BIN/kubeadm" "$K8S_BIN/kubectl" "$EXT_BIN/crictl" "$ctx/bin/"
+  sed "s/KINDNET_TAG/$kindnet_tag/g" "$KIND_DIR/manifests/default-cni.yaml" >"$ctx/manifests/default-cni.yaml"
+  cp "$KIND_DIR/manifests/default-storage.yaml" "$ctx/manifests/"
+  build_image "etj.local/kind-node-base:$NODE_KEY" "$ctx" --build-arg "BASE_IMAGE=$BASE_IMAGE" \
+    --build-arg "KUBERNETES_VERSION=$KUBERNETES_VERSION"
+
+  # Preload the images into the node's containerd (k8s.io namespace), as `kind build node-image` does.
+  local tars="$KCACHE/ctx/node-images" t0=$SECONDS
+  rm -rf "$tars" && mkdir -p "$tars"
+  step "docker save ${#images[@]} images for the node: ${images[*]}"
+  docker save -o "$tars/images.tar" "${images[@]}"
+  docker rm -f etj-node-build >/dev/null 2>&1 || true
+  step "importing them into the node's containerd"
+  docker run --name etj-node-build --privileged --entrypoint /bin/bash -v "$tars:/kind/images:ro" \
+    "etj.local/kind-node-base:$NODE_KEY" -euc '
+      containerd >/tmp/containerd.log 2>&1 &
+      for _ in $(seq 1 30); do ctr version >/dev/null 2>&1 && break; sleep 1; done
+      ctr -n k8s.io images import --all-platforms --no-unpack --digests /kind/images/images.tar
+      ctr -n k8s.io images ls -q
+      kill %1; wait || true
+      rm -rf /run/containerd /tmp/containerd.log /var/lib/containerd/tmpmounts' >&2
+  docker commit --change 'ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]' --change 'CMD []' \
+    etj-node-build "$NODE_IMAGE" >/dev/null
+  docker rm etj-node-build >/dev/null
+  rm -rf "$tars"
+  step "node image $NODE_IMAGE ... $((SECONDS - t0)) s to preload, $(docker image inspect -f '{{.Size}}' "$NODE_IMAGE" | awk '{printf "%.0f MB", $1/1e6}')"
+}
+
+# ---------------------------------------------------------------------------------------------------- 5
+KUBECONFIG_OUT="$KCACHE/kubeconfig-$CLUSTER"
+kind_config() {
+  local fail_v1=""
+  # kubelet >= 1.35 refuses a cgroup v1 host unless told not to (kind v0.31 no longer tests v1 for 1.35+).
+  [ -f /sys/fs/cgroup/cgroup.controllers ] || fail_v1=$'- |\n  kind: KubeletConfiguration\n  failCgroupV1: false'
+  cat <<EOF
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+kubeadmConfigPatches:
+- |
+  kind: ClusterConfiguration
+  dns:
+    imageTag: $COREDNS_VERSION
+$fail_v1
+nodes:
+  - role: control-plane
+  - role: worker
+    labels:
+      etj.dev/capacity-type: on-demand
+      etj.dev/pool: cpu-on-demand
+    extraMounts:
+      - {hostPath: $SHARED_DIR, containerPath: $SHARED_DIR}
+  - role: worker
+    labels:
+      etj.dev/capacity-type: spot
+      etj.dev/pool: cpu-spot
+    extraMounts:
+      - {hostPath: $SHARED_DIR, containerPath: $SHARED_DIR}
+  - role: worker
+    labels:
+      etj.dev/capacity-type: spot
+      etj.dev/pool: cpu-spot
+    extraMounts:
+      - {hostPath: $SHARED_DIR, containerPath: $SHARED_DIR}
+EOF
+}
+
+ensure_cluster() {
+  mkdir -p "$SHARED_DIR" && chmod 1777 "$SHARED_DIR"
+  if "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+    local node_image
+    node_image=$(docker inspect -f '{{.Config.Image}}' "$CLUSTER-control-plane" 2>/dev/null || true)
+    if [ "$node_image" = "$NODE_IMAGE" ]; then
+      step "kind cluster $CLUSTER exists (node image $NODE_IMAGE)"
+      docker start $("$KIND" get nodes --name "$CLUSTER") >/dev/null 2>&1 || true
+    else
+      step "kind cluster $CLUSTER runs $node_image, not $NODE_IMAGE: recreating it"
+      "$KIND" delete cluster --name "$CLUSTER" >&2
+    fi
+  fi
+  if ! "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
+    kind_config >"$KCACHE/kind-$CLUSTER.yaml"
+    step "kind create cluster --name $CLUSTER (control plane, 1 on-demand and 2 spot workers)"
+    timed "kind create cluster" "$KIND" create cluster --name "$CLUSTER" --image "$NODE_IMAGE" \
+      --config "$KCACHE/kind-$CLUSTER.yaml" --wait 300s --retain >&2
+  fi
+  "$KIND" get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_OUT"
+}
+
+# What `kind load docker-image` does, without its temporary copy of the image on the host, one node at a time,
+# and dropping the layer blobs once they are unpacked (what containerd's discard_unpacked_layers does for
+# pulled images): the CPU trainer image is ~7 GB where torch comes from PyPI (CUDA build), and three nodes
+# each holding it twice (blobs + snapshot) plus kind's temporary tar do not fit a 40 GB disk.
+NODE_LOAD_SCRIPT='
+set -eu
+img=$1
+ctr -n k8s.io images import --all-platforms --digests --snapshotter=overlayfs - >/dev/null
+target=$(ctr -n k8s.io images ls "name==$img" | awk "NR==2 {print \$3}")
+manifests=$(ctr -n k8s.io content get "$target" | jq -r ".manifests[]?.digest")
+[ -n "$manifests" ] || manifests=$target
+for m in $manifests; do
+  for layer in $(ctr -n k8s.io content get "$m" | jq -r ".layers[]?.digest"); do
+    ctr -n k8s.io content rm "$layer" >/dev/null 2>&1 || true
+  done
+done
+crictl inspecti -q "$img" >/dev/null'
+load_images() {
+  local workers img n id t0
+  workers=$("$KIND" get nodes --name "$CLUSTER" | grep -v control-plane | sort)
+  for img in "$OPERATOR_IMAGE" "$TRAINER_IMAGE"; do
+    id=$(docker image inspect -f '{{.Id}}' "$img")
+    for n in $workers; do
+      if docker exec "$n" crictl inspecti -q "$img" 2>/dev/null | grep -q "${id#sha256:}"; then
+        step "$img already on $n"
+        continue
+      fi
+      t0=$SECONDS
+      step "loading $img into $n"
+      docker save "$img" | docker exec -i "$n" bash -c "$NODE_LOAD_SCRIPT" load "$img" \
+        || die "loading $img into $n failed"
+      step "loading $img into $n ... $((SECONDS - t0)) s"
+    done
+  done
+}
+
+RELEASE=${ETJ_RELEASE:-etj}
+RELEASE_NAMESPACE=${ETJ_RELEASE_NAMESPACE:-etj-system}
+tools_env() {
+  ensure_kind
+  ensure_k8s_binaries
+  export PATH="$K8S_BIN:$PATH" KUBECONFIG="$KUBECONFIG_OUT"
+}
+# helm install of charts/etj with the local operator image (never pulled), into a namespace that enforces
+# Pod Security "restricted", as the e2e-kind workflow does.
+install_chart() {
+  local repo=${OPERATOR_IMAGE%:*} tag=${OPERATOR_IMAGE##*:} t0=$SECONDS
+  kubectl get namespace "$RELEASE_NAMESPACE" >/dev/null 2>&1 || kubectl create namespace "$RELEASE_NAMESPACE" >&2
+  kubectl label --overwrite namespace "$RELEASE_NAMESPACE" pod-security.kubernetes.io/enforce=restricted >&2
+  step "helm upgrade --install $RELEASE charts/etj (image $OPERATOR_IMAGE, pullPolicy Never, trainer $TRAINER_IMAGE)"
+  helm upgrade --install "$RELEASE" "$ROOT/charts/etj" --namespace "$RELEASE_NAMESPACE" \
+    --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=Never \
+    --set trainer.image="$TRAINER_IMAGE" --wait --timeout 5m >&2
+  kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
+  kubectl -n "$RELEASE_NAMESPACE" get pods -o wide >&2
+  step "helm install ... $((SECONDS - t0)) s"
+}
+# examples/demo-cpu.yaml with the loaded CPU image (never pulled), checkpoints on the pod's /tmp volume (kind
+# has no ReadWriteMany storage), as the e2e-kind workflow's smoke job.
+demo_manifest() {
+  python3 - "$ROOT/examples/demo-cpu.yaml" "$TRAINER_IMAGE" <<'PY'
+import json, sys
+import yaml
+job = yaml.safe_load(open(sys.argv[1]))
+job["spec"]["trainer"]["image"] = sys.argv[2]
+job["spec"]["trainer"]["imagePullPolicy"] = "Never"
+job["spec"]["replicas"] = {"min": 1, "max": 2}
+job["spec"]["checkpoint"]["path"] = "/tmp/checkpoints"
+print(json.dumps(job))
+PY
+}
+# The example jobs ask for nvidia.com/gpu: advertise it on the CPU workers (node-status patch), as the workflow does.
+advertise_gpus() {
+  local node
+  for node in $(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name); do
+    kubectl patch "$node" --subresource=status --type=json \
+      -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"2"}]' >/dev/null
+  done
+}
+
+cmd=${1:-up}
+case "$cmd" in
+  install)
+    tools_env
+    install_chart
+    ;;
+  demo)
+    tools_env
+    advertise_gpus
+    kubectl get namespace etj-demo >/dev/null 2>&1 || kubectl create namespace etj-demo >&2
+    kubectl label --overwrite namespace etj-demo pod-security.kubernetes.io/enforce=restricted >&2
+    demo_manifest | kubectl apply -n etj-demo -f - >&2
+    for _ in $(seq 1 180); do
+      phase=$(kubectl get etj demo-cpu -n etj-demo -o jsonpath='{.status.phase}' 2>/dev/null || true)
+      step "$(kubectl get etj demo-cpu -n etj-demo --no-headers 2>/dev/null)"
+      case "$phase" in Succeeded) exit 0 ;; Failed) exit 1 ;; esac
+      sleep 10
+    done
+    die "demo-cpu did not finish in 30 minutes"
+    ;;
+  up | images | node-image)
+    lock
+    ensure_packages
+    ensure_dockerd
+    ensure_base_images
+    ensure_etj_images
+    [ "$cmd" = images ] && { step "images ready: $OPERATOR_IMAGE $TRAINER_IMAGE"; exit 0; }
+    ensure_kind
+    ensure_node_image
+    [ "$cmd" = node-image ] && { echo "$NODE_IMAGE"; exit 0; }
+    ensure_cluster
+    load_images
+    step "cluster $CLUSTER ready; export KUBECONFIG=$KUBECONFIG_OUT"
+    echo "$KUBECONFIG_OUT"
+    ;;
+  down)
+    [ -x "$KIND" ] && "$KIND" delete cluster --name "$CLUSTER" >&2
+    ;;
+  *) die "usage: $0 [up|images|node-image|install|demo|down]" ;;
+esac
