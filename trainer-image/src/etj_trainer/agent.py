@@ -235,7 +235,7 @@ def _worker(join_in_place: bool) -> None:
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
     script = etj_env.SCRIPT.get(os.environ, "")
     cfg = None if script else TrainConfig.from_env()  # a bad env value fails here, before the group forms
-    devices.bind(int(os.environ.get("LOCAL_RANK", "0")))  # this rank's GPU, before any CUDA call
+    devices.bind_this_rank()  # this rank's GPU, before any CUDA call
     if not join_in_place:  # a joiner forms its first group when the world admits it (join.py)
         group_sockets.init(devices.process_group_backend(), timeout=collective_timeout())
     if cfg is None:

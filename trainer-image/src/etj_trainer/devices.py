@@ -18,6 +18,7 @@ The one place that decides both (no other module spells a backend or picks a dev
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -60,6 +61,11 @@ def bind(local_rank: int) -> torch.device:
         )
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
+
+
+def bind_this_rank() -> torch.device:
+    """``bind`` for this process's ``LOCAL_RANK`` (what torch elastic and torchrun set; 0 alone)."""
+    return bind(int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def cuda_rng_states() -> list[torch.Tensor]:

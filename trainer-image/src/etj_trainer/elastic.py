@@ -123,7 +123,7 @@ class Job:
         # A joiner forms its first group when the running world admits it (join.py); group_sockets: so a
         # survivor of a crash can shut the failed group's sockets (recover.close_failed_group).
         # First of all, this rank's own GPU (a script started by torchrun has no etj worker to bind it).
-        devices.bind(int(os.environ.get("LOCAL_RANK", "0")))
+        devices.bind_this_rank()
         if "WORLD_SIZE" in os.environ and not dist.is_initialized() and not join.joining():
             group_sockets.init(devices.process_group_backend(), timeout=regroup.collective_timeout())
         self.world = World.current()

@@ -10,7 +10,6 @@ rank 0 before the final report.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +61,7 @@ def evaluate(model: nn.Module, source: BatchSource, micro: int, device: torch.de
 
 def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     """Run (or resume) training in the current process group; see the module docstring."""
-    devices.bind(int(os.environ.get("LOCAL_RANK", "0")))  # before the input pipeline picks its GPU
+    devices.bind_this_rank()  # before the input pipeline picks its GPU
     dtype = _dtype(cfg.dtype)
     precision = recipe.Precision(cfg.precision)
     augment = Augmenter(cfg.augment, cfg.seed, cfg.min_crop_scale, cfg.augment_flip)
