@@ -584,6 +584,24 @@ def test_a_failed_workers_last_log_line_names_the_cause_in_its_warning() -> None
     assert "FileNotFoundError: /data/imagenet/train" in warning.message, warning
 
 
+def test_an_oom_killed_worker_is_named_so_in_its_warning() -> None:
+    # A real kubelet's OOM kill: exit code 137, reason OOMKilled, no message (the process bed never OOMs).
+    from etj_operator.observe.pods import pod_info
+
+    body = {
+        "metadata": {"name": "train-worker-3", "labels": {"etj.dev/job": "train", "etj.dev/role": "worker"}},
+        "spec": {"nodeName": "spot-3"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+        },
+    }
+    out = plan(job(st=started(4)), observe(cluster(), [*RUNNING4[:3], pod_info(body), store()]))
+    warning = next(e for e in out.events if e.type == "Warning" and e.reason == "WorkerFailed")
+    assert "worker train-worker-3 failed (OOMKilled, exit code 137)" in warning.message, warning
+    assert out.status.failures == 1
+
+
 STARTUP_CASES = [
     # (name, job, observed, creates, startup_workers): what new agents wait for before the first rendezvous
     ("fresh job with room for all: the first world waits for all four", job(), observe(cluster(), []), 4, 4),

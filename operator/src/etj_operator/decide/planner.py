@@ -286,7 +286,8 @@ def plan(job: JobView, obs: Observed) -> Plan:
         sig = interruption_of(pod, obs)
         if sig is None:
             out.new_failures += 1
-            reason, msg = Reason.WORKER_FAILED, f"worker {pod.name} failed (exit code {pod.exit_code})"
+            how = f"{pod.exit_reason}, exit code" if pod.exit_reason not in (None, "Error") else "exit code"
+            reason, msg = Reason.WORKER_FAILED, f"worker {pod.name} failed ({how} {pod.exit_code})"
             if pod.last_line:
                 msg += f": {pod.last_line}"  # the trainer's last log line names the cause
         else:

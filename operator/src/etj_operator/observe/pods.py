@@ -29,6 +29,9 @@ class PodInfo:
     ip: str | None = None
     signal: Signal | None = None
     exit_code: int | None = None
+    # The kubelet's word for how the container ended ("OOMKilled", "Error", "ContainerCannotRun"): an OOM kill
+    # leaves exit code 137 and no message, so only this names the cause.
+    exit_reason: str | None = None
     created: datetime | None = None
     scheduled_at: datetime | None = None
     finished_at: datetime | None = None  # when the (last) container terminated
@@ -74,11 +77,12 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
     status = body.get("status") or {}
     labels = meta.get("labels") or {}
     slot_raw = labels.get(LABEL_SLOT)
-    exit_code, finished_at, last_line = None, None, None
+    exit_code, exit_reason, finished_at, last_line = None, None, None, None
     for cs in status.get("containerStatuses") or []:
         terminated = (cs.get("state") or {}).get("terminated")
         if terminated is not None:
             exit_code = terminated.get("exitCode")
+            exit_reason = terminated.get("reason") or exit_reason
             finished_at = parse_time(terminated.get("finishedAt")) or finished_at
             lines = [ln.strip() for ln in str(terminated.get("message") or "").splitlines() if ln.strip()]
             last_line = lines[-1][:MAX_LINE] if lines else last_line
@@ -98,6 +102,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         ip=status.get("podIP") or None,
         signal=pod_signal(body),
         exit_code=exit_code,
+        exit_reason=exit_reason,
         created=parse_time(meta.get("creationTimestamp")),
         scheduled_at=scheduled_at,
         finished_at=finished_at,
