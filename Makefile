@@ -1,5 +1,5 @@
 # The two commands of the README quick start. Both set everything up first (idempotent, cached).
-.PHONY: setup demo test lint crds kind kind-install kind-demo kind-down
+.PHONY: setup demo test lint crds kind kind-install demo-kind e2e-kind kind-down
 
 setup:
 	./scripts/setup.sh
@@ -20,17 +20,24 @@ crds:
 	.venv/bin/etj crd generate
 
 # A real kind cluster, offline, with the operator and CPU trainer images built from this checkout
-# (scripts/kind.sh: docker, base images, Kubernetes from source, a kind node image; all cached under
-# ~/.cache/etj/kind). Not part of `make test`.
+# (scripts/kind.sh: docker, base images, Kubernetes from source, a kind node image, an image registry on the
+# kind network; all cached under ~/.cache/etj/kind). docs/install-kind.md.
 kind:
 	./scripts/kind.sh up
 
-# helm install of charts/etj into that cluster with the local operator image; then the CPU demo job on it.
-kind-install:
+# helm install of charts/etj into that cluster with the local operator image.
+kind-install: kind
 	./scripts/kind.sh install
 
-kind-demo:
+# The demo (`make demo`'s script, live table, timeline, accuracy against a fixed-size run) on kind.
+demo-kind: setup kind-install
 	./scripts/kind.sh demo
+
+# The whole kind suite: tests/kind (smoke, node loss, store node loss, graceful delete, OOM and failed
+# commands, the closed data plane) and tests/e2e in its installed mode. `make test` runs the smoke test
+# only, and only where Docker is installed.
+e2e-kind: setup kind-install
+	./scripts/kind.sh e2e
 
 kind-down:
 	./scripts/kind.sh down

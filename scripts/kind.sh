@@ -59,7 +59,7 @@ lock() { exec 9>"$KCACHE/.lock" && flock 9; }
 ensure_packages() {
   local missing=()
   command -v dockerd >/dev/null || missing+=(docker.io)
-  command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+  [ -n "${ETJ_PYTHON_IMAGE:-}" ] || command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
   command -v go >/dev/null || die "Go is needed (the README's prerequisite: Go >= 1.26)"
   if ((${#missing[@]})); then
     [ "$(id -u)" = 0 ] || die "missing ${missing[*]}: run as root (apt-get install ${missing[*]})"
@@ -77,7 +77,8 @@ start_dockerd() {  # start_dockerd [--with-wrapper]
     args+=(--add-runtime "etj-runc=$KCACHE/bin/etj-runc-wrapper" --default-runtime etj-runc)
   fi
   step "starting dockerd ${args[*]} (log: $KCACHE/dockerd.log)"
-  nohup dockerd "${args[@]}" >>"$KCACHE/dockerd.log" 2>&1 &
+  # 9>&-: the daemon must not inherit this script's lock (it would hold it for as long as it runs).
+  nohup dockerd "${args[@]}" >>"$KCACHE/dockerd.log" 2>&1 9>&- &
   for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && return 0; sleep 1; done
   die "dockerd did not start; see $KCACHE/dockerd.log"
 }
@@ -111,8 +112,14 @@ ensure_privileged() {  # needs the base image; called after it exists
 
 # ---------------------------------------------------------------------------------------------------- 2
 BASE_IMAGE=etj.local/debian:$DEBIAN_SUITE-minbase
-PYTHON_IMAGE=etj.local/python:3.11-$DEBIAN_SUITE
+PYTHON_IMAGE=${ETJ_PYTHON_IMAGE:-etj.local/python:3.11-$DEBIAN_SUITE}
 ensure_base_images() {
+  if [ -n "${ETJ_PYTHON_IMAGE:-}" ]; then
+    # A registry is reachable (GitHub Actions): the Dockerfiles' upstream base, pulled by docker build.
+    BASE_IMAGE=$ETJ_PYTHON_IMAGE
+    ensure_privileged
+    return 0
+  fi
   if ! have_image "$BASE_IMAGE"; then
     local tar="$KCACHE/debian-$DEBIAN_SUITE-minbase.tar"
     if [ ! -s "$tar" ]; then
@@ -146,19 +153,32 @@ build_image() {
 }
 
 # ---------------------------------------------------------------------------------------------------- 3
+# TORCH_INDEX for the trainer images: download.pytorch.org (the Dockerfiles' default) may be unreachable where
+# only PyPI is; PyPI's torch is the CUDA build, which runs on CPU too (a larger image). ETJ_TORCH_INDEX overrides.
+TORCH_INDEX_ARGS=()
+torch_index() {
+  if [ -n "${ETJ_TORCH_INDEX:-}" ]; then
+    TORCH_INDEX_ARGS=(--build-arg "TORCH_INDEX=$ETJ_TORCH_INDEX")
+  elif ! getent hosts download.pytorch.org >/dev/null 2>&1; then
+    step "download.pytorch.org does not resolve here: the trainer images take torch from PyPI (CUDA build, runs on CPU)"
+    TORCH_INDEX_ARGS=(--build-arg "TORCH_INDEX=https://pypi.org/simple")
+  fi
+}
 ensure_etj_images() {
   build_image "$OPERATOR_IMAGE" "$ROOT" --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE"
-  local torch_index=()
-  # download.pytorch.org (the CPU wheels) may be unreachable where only PyPI is: PyPI's torch is the CUDA
-  # build, which runs on CPU too (larger image). ETJ_TORCH_INDEX overrides.
-  if [ -n "${ETJ_TORCH_INDEX:-}" ]; then
-    torch_index=(--build-arg "TORCH_INDEX=$ETJ_TORCH_INDEX")
-  elif ! getent hosts download.pytorch.org >/dev/null 2>&1; then
-    step "download.pytorch.org does not resolve here: the trainer image takes torch from PyPI (CUDA build, runs on CPU)"
-    torch_index=(--build-arg "TORCH_INDEX=https://pypi.org/simple")
-  fi
+  torch_index
   build_image "$TRAINER_IMAGE" "$ROOT" -f "$ROOT/trainer-image/Dockerfile.cpu" \
-    --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" "${torch_index[@]}"
+    --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" "${TORCH_INDEX_ARGS[@]}"
+}
+# The CUDA trainer image (trainer-image/Dockerfile), for GPU clusters; kind has no GPU, so `up` does not build
+# it. Offline, its nvidia/cuda base is replaced by the Python base: torch's wheels carry their CUDA libraries,
+# and only the driver comes from the host.
+CUDA_TRAINER_IMAGE=${ETJ_CUDA_TRAINER_IMAGE:-ghcr.io/etj-dev/etj-trainer:dev}
+ensure_cuda_trainer_image() {
+  local base=()
+  [ -n "${ETJ_PYTHON_IMAGE:-}" ] || base=(--build-arg "CUDA_IMAGE=$PYTHON_IMAGE")
+  torch_index
+  build_image "$CUDA_TRAINER_IMAGE" "$ROOT" -f "$ROOT/trainer-image/Dockerfile" "${base[@]}" "${TORCH_INDEX_ARGS[@]}"
 }
 
 # ---------------------------------------------------------------------------------------------------- 4
@@ -226,6 +246,12 @@ NODE_KEY=""
 # Bump when ensure_node_image below changes what goes into the node image.
 NODE_RECIPE=1
 ensure_node_image() {
+  if [ -n "${ETJ_KIND_NODE_IMAGE:-}" ]; then
+    # A registry is reachable (GitHub Actions): upstream kindest/node, pulled by kind create cluster.
+    NODE_IMAGE=$ETJ_KIND_NODE_IMAGE
+    step "node image $NODE_IMAGE (ETJ_KIND_NODE_IMAGE; not built here)"
+    return 0
+  fi
   # The node image's key: everything that goes into it.
   NODE_KEY=$(cat "$KIND_DIR"/images/*/* "$KIND_DIR"/manifests/* "$TOOLCHAIN/go.mod" "$TOOLCHAIN/go.sum" \
              <(echo "$KIND_VERSION $KUBERNETES_VERSION $HELM_VERSION $COREDNS_VERSION $KNP_VERSION $CRICTL_VERSION" \
@@ -302,18 +328,16 @@ ensure_node_image() {
 # ---------------------------------------------------------------------------------------------------- 5
 KUBECONFIG_OUT="$KCACHE/kubeconfig-$CLUSTER"
 kind_config() {
-  local fail_v1=""
+  local patches=""
+  # The offline node preloads CoreDNS $COREDNS_VERSION (kubeadm names one the package proxy does not serve).
+  [ -n "${ETJ_KIND_NODE_IMAGE:-}" ] || patches+=$'- |\n  kind: ClusterConfiguration\n  dns:\n    imageTag: '"$COREDNS_VERSION"$'\n'
   # kubelet >= 1.35 refuses a cgroup v1 host unless told not to (kind v0.31 no longer tests v1 for 1.35+).
-  [ -f /sys/fs/cgroup/cgroup.controllers ] || fail_v1=$'- |\n  kind: KubeletConfiguration\n  failCgroupV1: false'
+  [ -f /sys/fs/cgroup/cgroup.controllers ] || patches+=$'- |\n  kind: KubeletConfiguration\n  failCgroupV1: false\n'
   cat <<EOF
 kind: Cluster
 apiVersion: kind.x-k8s.io/v1alpha4
 kubeadmConfigPatches:
-- |
-  kind: ClusterConfiguration
-  dns:
-    imageTag: $COREDNS_VERSION
-$fail_v1
+${patches:-[]}
 nodes:
   - role: control-plane
   - role: worker
@@ -359,14 +383,43 @@ ensure_cluster() {
   "$KIND" get kubeconfig --name "$CLUSTER" >"$KUBECONFIG_OUT"
 }
 
-# What `kind load docker-image` does, without its temporary copy of the image on the host, one node at a time,
-# and dropping the layer blobs once they are unpacked (what containerd's discard_unpacked_layers does for
-# pulled images): the CPU trainer image is ~7 GB where torch comes from PyPI (CUDA build), and three nodes
-# each holding it twice (blobs + snapshot) plus kind's temporary tar do not fit a 40 GB disk.
-NODE_LOAD_SCRIPT='
+# Images reach the nodes through a registry on the kind network (what kind's "local registry" guide does),
+# not `kind load docker-image`: a push and a pull move only the layers that changed, so a rebuilt trainer
+# image (7 GB where torch comes from PyPI's CUDA build) reaches three nodes in seconds instead of a full copy
+# into each (about 6 min a node here). The registry is distribution's, built from its Go module like the
+# other components; it listens on the kind network and on the host's loopback only. Each node pulls (plain
+# HTTP, on the kind network), tags the image with the name pods use (imagePullPolicy: Never, so the cluster
+# itself never pulls) and drops the layer blobs once unpacked, as containerd's discard_unpacked_layers does
+# for the CRI's own pulls.
+REGISTRY_VERSION=v3.0.0                # github.com/distribution/distribution/v3
+REGISTRY_NAME=etj-registry
+REGISTRY_HOST_PORT=${ETJ_KIND_REGISTRY_PORT:-5001}
+ensure_registry() {
+  local bin="$KCACHE/tools/registry-$REGISTRY_VERSION/registry" img=etj.local/registry:$REGISTRY_VERSION
+  if [ ! -x "$bin" ]; then
+    step "go install github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+    timed "registry" env GOBIN="$(dirname "$bin")" CGO_ENABLED=0 GOFLAGS="-trimpath" nice -n 10 \
+      go install -ldflags="-s -w" "github.com/distribution/distribution/v3/cmd/registry@$REGISTRY_VERSION"
+  fi
+  component_image "$img" "$bin" registry
+  if [ "$(docker inspect -f '{{.State.Running}}' "$REGISTRY_NAME" 2>/dev/null)" != true ]; then
+    docker rm -f "$REGISTRY_NAME" >/dev/null 2>&1 || true
+    step "starting the image registry $REGISTRY_NAME (kind network; host 127.0.0.1:$REGISTRY_HOST_PORT)"
+    docker run -d --restart=always --name "$REGISTRY_NAME" --network kind \
+      -p "127.0.0.1:$REGISTRY_HOST_PORT:5000" -v etj-registry-data:/var/lib/registry \
+      -v "$KIND_DIR/registry.yml:/etc/etj-registry.yml:ro" "$img" serve /etc/etj-registry.yml >/dev/null
+  fi
+  for _ in $(seq 1 30); do
+    curl -fsS "http://127.0.0.1:$REGISTRY_HOST_PORT/v2/" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  die "the registry did not answer on 127.0.0.1:$REGISTRY_HOST_PORT; docker logs $REGISTRY_NAME"
+}
+NODE_PULL_SCRIPT='
 set -eu
-img=$1
-ctr -n k8s.io images import --all-platforms --digests --snapshotter=overlayfs - >/dev/null
+src=$1 img=$2
+ctr -n k8s.io images pull --plain-http --snapshotter=overlayfs "$src" >/dev/null
+ctr -n k8s.io images tag --force "$src" "$img" >/dev/null
 target=$(ctr -n k8s.io images ls "name==$img" | awk "NR==2 {print \$3}")
 manifests=$(ctr -n k8s.io content get "$target" | jq -r ".manifests[]?.digest")
 [ -n "$manifests" ] || manifests=$target
@@ -377,20 +430,36 @@ for m in $manifests; do
 done
 crictl inspecti -q "$img" >/dev/null'
 load_images() {
-  local workers img n id t0
-  workers=$("$KIND" get nodes --name "$CLUSTER" | grep -v control-plane | sort)
+  local workers img n id t0 src
+  ensure_registry
   for img in "$OPERATOR_IMAGE" "$TRAINER_IMAGE"; do
+    # The operator runs on the control plane (scripts/kind/operator-values.yaml), the trainer on the workers.
+    if [ "$img" = "$OPERATOR_IMAGE" ]; then
+      workers=$("$KIND" get nodes --name "$CLUSTER" | sort)
+    else
+      workers=$("$KIND" get nodes --name "$CLUSTER" | grep -v control-plane | sort)
+    fi
     id=$(docker image inspect -f '{{.Id}}' "$img")
+    src="${img#*/}" && src="${src//\//-}"   # ghcr.io/etj-dev/etj-trainer:dev-cpu -> etj-dev-etj-trainer:dev-cpu
+    local pushed=""
     for n in $workers; do
       if docker exec "$n" crictl inspecti -q "$img" 2>/dev/null | grep -q "${id#sha256:}"; then
         step "$img already on $n"
         continue
       fi
+      if [ -z "$pushed" ]; then
+        t0=$SECONDS
+        step "docker push $img to the kind registry (only layers it lacks)"
+        docker tag "$img" "127.0.0.1:$REGISTRY_HOST_PORT/$src"
+        docker push -q "127.0.0.1:$REGISTRY_HOST_PORT/$src" >/dev/null || die "docker push $img failed"
+        step "docker push ... $((SECONDS - t0)) s"
+        pushed=1
+      fi
       t0=$SECONDS
-      step "loading $img into $n"
-      docker save "$img" | docker exec -i "$n" bash -c "$NODE_LOAD_SCRIPT" load "$img" \
-        || die "loading $img into $n failed"
-      step "loading $img into $n ... $((SECONDS - t0)) s"
+      step "pulling $img into $n (only layers it lacks)"
+      docker exec "$n" bash -c "$NODE_PULL_SCRIPT" pull "$REGISTRY_NAME:5000/$src" "$img" \
+        || die "pulling $img into $n failed"
+      step "pulling $img into $n ... $((SECONDS - t0)) s"
     done
   done
 }
@@ -399,8 +468,14 @@ RELEASE=${ETJ_RELEASE:-etj}
 RELEASE_NAMESPACE=${ETJ_RELEASE_NAMESPACE:-etj-system}
 tools_env() {
   ensure_kind
+  export KUBECONFIG="$KUBECONFIG_OUT"
+  # With an upstream node image (GitHub Actions) the runner's kubectl and helm do; offline, the ones built
+  # from the control plane's pinned module.
+  if [ -n "${ETJ_KIND_NODE_IMAGE:-}" ] && command -v kubectl >/dev/null && command -v helm >/dev/null; then
+    return 0
+  fi
   ensure_k8s_binaries
-  export PATH="$K8S_BIN:$PATH" KUBECONFIG="$KUBECONFIG_OUT"
+  export PATH="$K8S_BIN:$PATH"
 }
 # helm install of charts/etj with the local operator image (never pulled), into a namespace that enforces
 # Pod Security "restricted", as the e2e-kind workflow does.
@@ -411,53 +486,75 @@ install_chart() {
   step "helm upgrade --install $RELEASE charts/etj (image $OPERATOR_IMAGE, pullPolicy Never, trainer $TRAINER_IMAGE)"
   helm upgrade --install "$RELEASE" "$ROOT/charts/etj" --namespace "$RELEASE_NAMESPACE" \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=Never \
-    --set trainer.image="$TRAINER_IMAGE" --wait --timeout 5m >&2
+    --set trainer.image="$TRAINER_IMAGE" --values "$KIND_DIR/operator-values.yaml" --wait --timeout 5m >&2
   kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
   kubectl -n "$RELEASE_NAMESPACE" get pods -o wide >&2
   step "helm install ... $((SECONDS - t0)) s"
 }
-# examples/demo-cpu.yaml with the loaded CPU image (never pulled), checkpoints on the pod's /tmp volume (kind
-# has no ReadWriteMany storage), as the e2e-kind workflow's smoke job.
-demo_manifest() {
-  python3 - "$ROOT/examples/demo-cpu.yaml" "$TRAINER_IMAGE" <<'PY'
-import json, sys
-import yaml
-job = yaml.safe_load(open(sys.argv[1]))
-job["spec"]["trainer"]["image"] = sys.argv[2]
-job["spec"]["trainer"]["imagePullPolicy"] = "Never"
-job["spec"]["replicas"] = {"min": 1, "max": 2}
-job["spec"]["checkpoint"]["path"] = "/tmp/checkpoints"
-print(json.dumps(job))
-PY
+# What `e2e` runs the suites with: the whole kind suite, and tests/e2e in its installed mode on this cluster
+# (tests/e2e/e2econfig.py reads these), with the loaded CPU image (never pulled) and the shared directory.
+e2e_env() {
+  echo ETJ_KIND_FULL=1 ETJ_E2E_OPERATOR=installed "ETJ_E2E_KUBECONFIG=$KUBECONFIG_OUT" \
+    "ETJ_E2E_TRAINER_IMAGE=$TRAINER_IMAGE" ETJ_E2E_IMAGE_PULL_POLICY=Never "ETJ_E2E_SHARED_DIR=$SHARED_DIR"
 }
+GPUS_PER_WORKER=2
 # The example jobs ask for nvidia.com/gpu: advertise it on the CPU workers (node-status patch), as the workflow does.
 advertise_gpus() {
   local node
   for node in $(kubectl get nodes -l '!node-role.kubernetes.io/control-plane' -o name); do
     kubectl patch "$node" --subresource=status --type=json \
-      -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"2"}]' >/dev/null
+      -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"'"$GPUS_PER_WORKER"'"}]' >/dev/null
   done
 }
 
-cmd=${1:-up}
+# Everything runs inside main, called on the last line: bash reads a script as it runs it, so an edit to this
+# file while it runs (a long build) would otherwise be read from the middle.
+main() {
+local cmd=${1:-up}
 case "$cmd" in
   install)
     tools_env
     install_chart
+    advertise_gpus
     ;;
   demo)
+    # The local demo's script, table, timeline and accuracy comparison (`etj demo`), on this cluster: the
+    # chart's operator and kind's workers train examples/demo-cpu.yaml in the loaded CPU image (never
+    # pulled); checkpoints and sample logs go to the directory every node mounts. Extra arguments go to
+    # `etj demo` (e.g. --no-reference).
     tools_env
-    advertise_gpus
-    kubectl get namespace etj-demo >/dev/null 2>&1 || kubectl create namespace etj-demo >&2
-    kubectl label --overwrite namespace etj-demo pod-security.kubernetes.io/enforce=restricted >&2
-    demo_manifest | kubectl apply -n etj-demo -f - >&2
-    for _ in $(seq 1 180); do
-      phase=$(kubectl get etj demo-cpu -n etj-demo -o jsonpath='{.status.phase}' 2>/dev/null || true)
-      step "$(kubectl get etj demo-cpu -n etj-demo --no-headers 2>/dev/null)"
-      case "$phase" in Succeeded) exit 0 ;; Failed) exit 1 ;; esac
-      sleep 10
-    done
-    die "demo-cpu did not finish in 30 minutes"
+    shift
+    exec "$ROOT/.venv/bin/etj" demo --operator installed --kubeconfig "$KUBECONFIG_OUT" \
+      --trainer-image "$TRAINER_IMAGE" --image-pull-policy Never --shared-dir "$SHARED_DIR" "$@"
+    ;;
+  e2e)
+    # The kind tests (tests/kind, all of them) and the e2e suite in its installed mode on this cluster.
+    tools_env
+    shift
+    cd "$ROOT"
+    # shellcheck disable=SC2046
+    exec env $(e2e_env) "$ROOT/.venv/bin/python" -m pytest tests/kind tests/e2e -v -ra "$@"
+    ;;
+  config)
+    kind_config  # the kind cluster's configuration, as `up` creates it
+    ;;
+  env)
+    e2e_env  # the environment `e2e` runs the suites with
+    ;;
+  docker)
+    # Only Docker: installed (apt) if missing, dockerd started if not running, privileged containers checked.
+    lock
+    ensure_packages
+    ensure_dockerd
+    ensure_base_images
+    ;;
+  cuda-image)
+    lock
+    ensure_packages
+    ensure_dockerd
+    ensure_base_images
+    ensure_cuda_trainer_image
+    echo "$CUDA_TRAINER_IMAGE"
     ;;
   up | images | node-image)
     lock
@@ -477,5 +574,7 @@ case "$cmd" in
   down)
     [ -x "$KIND" ] && "$KIND" delete cluster --name "$CLUSTER" >&2
     ;;
-  *) die "usage: $0 [up|images|node-image|install|demo|down]" ;;
+  *) die "usage: $0 [up|docker|images|cuda-image|node-image|install|demo|e2e|config|env|down]" ;;
 esac
+}
+main "$@"; exit

@@ -1,0 +1,281 @@
+"""What the kind tests do to the cluster of `make kind`: its kubeconfig, its nodes as Docker containers,
+and the e2e configuration that runs a job on it with the loaded images (never pulled)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etj_testbed.demo.local import Demo
+from etj_testbed.demo.script import DemoResult, Script
+from etj_testbed.localcluster import toolchain
+from etj_testbed.localcluster.proclet_kube import Kube
+from tests.e2e.e2econfig import E2EConfig
+
+REPO = Path(__file__).resolve().parents[2]
+KIND_SH = REPO / "scripts" / "kind.sh"
+TRAINER_IMAGE = os.environ.get("ETJ_TRAINER_IMAGE", "ghcr.io/etj-dev/etj-trainer:dev-cpu")
+SHARED_DIR = Path(os.environ.get("ETJ_E2E_SHARED_DIR", "/var/tmp/etj-e2e"))
+JSON = dict[str, Any]
+
+
+def kubectl_path() -> str:
+    """The kubectl `make setup` built, else the one on PATH (a GitHub runner's)."""
+    built = toolchain.binary("kubectl")
+    return str(built) if built.exists() else shutil.which("kubectl") or "kubectl"
+
+
+def wait_for(what: str, predicate: Callable[[], object], timeout: float, every: float = 2.0) -> Any:
+    """Poll until ``predicate`` returns something truthy, and return it; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@dataclass
+class KindBed:
+    kubeconfig: Path
+    kube: Kube
+    trainer_image: str = TRAINER_IMAGE
+    shared_dir: Path = SHARED_DIR
+    stopped: list[str] = field(default_factory=list)  # node containers a test killed; restarted at the end
+
+    @classmethod
+    def connect(cls, kubeconfig: Path) -> KindBed:
+        return cls(kubeconfig, Kube(str(kubeconfig)))
+
+    def e2e(self, epochs: int) -> E2EConfig:
+        """The e2e suite's installed mode on this cluster: the chart's operator, the kind workers, the CPU
+        trainer image loaded by `scripts/kind.sh` (pull policy Never), files in the shared directory."""
+        return E2EConfig(
+            installed=True,
+            kubeconfig=self.kubeconfig,
+            trainer_image=self.trainer_image,
+            pull_policy="Never",
+            shared_dir=self.shared_dir,
+            epochs=epochs,
+        )
+
+    # ---- nodes ------------------------------------------------------------------------------
+
+    def node(self, name: str) -> JSON:
+        return self.kube.get(f"/api/v1/nodes/{name}")
+
+    def ready(self, name: str) -> bool:
+        node = self.kube.get_or_none(f"/api/v1/nodes/{name}") or {}
+        conditions = node.get("status", {}).get("conditions")
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions or [])
+
+    def kill_node(self, name: str) -> None:
+        """The machine is gone at once: no drain, no SIGTERM to its pods (the kind node is a container)."""
+        subprocess.run(["docker", "kill", name], check=True, capture_output=True, timeout=120)
+        self.stopped.append(name)
+
+    def start_node(self, name: str, timeout: float = 300) -> None:
+        """The machine comes back: its kubelet re-registers and the node turns Ready."""
+        subprocess.run(["docker", "start", name], check=True, capture_output=True, timeout=120)
+        if name in self.stopped:
+            self.stopped.remove(name)
+        wait_for(f"node {name} Ready again", lambda: self.ready(name), timeout)
+
+    def pods(self, namespace: str, selector: str) -> list[JSON]:
+        items: list[JSON] = (
+            self.kube.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector).get("items") or []
+        )
+        return items
+
+    def events(self, namespace: str, name: str) -> list[JSON]:
+        items: list[JSON] = (
+            self.kube.get(
+                f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.name={name}"
+            ).get("items")
+            or []
+        )
+        return items
+
+    def close(self) -> None:
+        for name in list(self.stopped):  # a failed test must not leave the next one a node short
+            subprocess.run(["docker", "start", name], capture_output=True, timeout=120)
+        self.kube.close()
+
+
+@dataclass
+class RunningJob:
+    """A job the demo's machinery trains on kind in a background thread, while the test acts on the
+    cluster (kills nodes, deletes pods) and watches the job's status."""
+
+    bed: KindBed
+    demo: Demo
+    run_dir: Path
+    thread: threading.Thread
+    results: list[DemoResult]
+
+    @property
+    def ns(self) -> str:
+        return self.demo.ns
+
+    @property
+    def name(self) -> str:
+        return self.demo.name
+
+    def status(self) -> JSON:
+        path = f"/apis/etj.dev/v1alpha1/namespaces/{self.ns}/elastictrainingjobs/{self.name}"
+        status: JSON = (self.bed.kube.get_or_none(path) or {}).get("status") or {}
+        return status
+
+    def step(self) -> int:
+        return int((self.status().get("progress") or {}).get("step") or 0)
+
+    def pods(self, role: str) -> list[JSON]:
+        return [
+            p
+            for p in self.bed.pods(self.ns, f"etj.dev/job={self.name}")
+            if p["metadata"].get("labels", {}).get("etj.dev/role") == role
+        ]
+
+    def running_on(self, role: str) -> dict[str, str]:
+        """Running, not terminating, pods of ``role`` → their node."""
+        return {
+            p["metadata"]["name"]: p["spec"].get("nodeName", "")
+            for p in self.pods(role)
+            if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        }
+
+    def training_workers(self, n: int, min_step: int) -> dict[str, str] | None:
+        """The running workers (pod → node) once the world has ``n`` of them and is past ``min_step``."""
+        workers = self.running_on("worker")
+        if len(workers) == n and self.status().get("worldSize") == n and self.step() >= min_step:
+            return workers
+        return None
+
+    def wait(self, what: str, predicate: Callable[[], object], timeout: float = 600) -> Any:
+        def check() -> object:
+            if not self.thread.is_alive() and not self.results:
+                raise AssertionError(f"the job's runner died while waiting for {what}")
+            return predicate()
+
+        return wait_for(what, check, timeout)
+
+    def result(self, timeout: float = 1800) -> DemoResult:
+        self.thread.join(timeout)
+        assert self.results, f"the job did not finish in {timeout:.0f} s ({self.run_dir})"
+        return self.results[0]
+
+
+@contextmanager
+def running_job(
+    bed: KindBed, tag: str, manifest: JSON, epochs: int, script: Script | None = None
+) -> Iterator[RunningJob]:
+    """Submit ``manifest`` and train it in the background under ``script`` (default: no scripted
+    interruption; the test acts)."""
+    config = bed.e2e(epochs)
+    run_dir = config.run_root() / tag
+    suffix = uuid.uuid4().hex[:5]
+    script = script or Script(interrupt_epoch=10**6, timeout_s=1800)
+    demo = config.demo(bed.kubeconfig, f"kind-{tag}-{suffix}", run_dir, manifest, script, f"k{tag}{suffix}")
+    demo.start()
+    results: list[DemoResult] = []
+    thread = threading.Thread(target=lambda: results.append(demo.run()), daemon=True, name=f"job-{tag}")
+    thread.start()
+    try:
+        yield RunningJob(bed, demo, run_dir, thread, results)
+    finally:
+        thread.join(5)
+        demo.cleanup(delete_job=not thread.is_alive())
+
+
+def exactly_once(run_dir: Path, epochs: int) -> None:
+    """Every sample once per epoch, by the per-rank sample logs (a redone step counts once)."""
+    from collections import Counter
+
+    from etj_trainer.sample_log import consumed_per_epoch
+
+    seen = consumed_per_epoch(run_dir / "samples")
+    assert sorted(seen) == list(range(epochs)), sorted(seen)
+    for epoch, ids in seen.items():
+        twice = [i for i, n in Counter(ids).items() if n > 1]
+        assert not twice, f"epoch {epoch}: trained twice: {twice[:20]}"
+        assert sorted(ids) == sorted(seen[0]), f"epoch {epoch}: samples skipped or extra"
+
+
+PROBE = """
+import socket, sys, urllib.request
+host, port, kind = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+try:
+    if kind == "http":
+        urllib.request.urlopen(f"http://{host}:{port}/", timeout=5)
+    else:
+        socket.create_connection((host, port), timeout=5).close()
+    print("open")
+except urllib.error.HTTPError:
+    print("open")  # an answer, even an error status, means the connection was let through
+except OSError as exc:
+    print(f"closed: {exc}")
+"""
+
+
+@dataclass
+class Prober:
+    """A pod in a namespace of its own, outside any job, that tries connections (the CPU trainer image has
+    Python; pull policy Never)."""
+
+    bed: KindBed
+    ns: str
+    pod: str = "prober"
+
+    def start(self) -> None:
+        self.bed.kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": self.ns}})
+        body = {
+            "metadata": {"name": self.pod},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "probe",
+                        "image": self.bed.trainer_image,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "3600"],
+                    }
+                ],
+                "terminationGracePeriodSeconds": 0,
+            },
+        }
+        self.bed.kube.request("POST", f"/api/v1/namespaces/{self.ns}/pods", body=body)
+        wait_for(
+            f"pod {self.ns}/{self.pod} running",
+            lambda: (
+                self.bed.kube.get(f"/api/v1/namespaces/{self.ns}/pods/{self.pod}")
+                .get("status", {})
+                .get("phase")
+                == "Running"
+            ),
+            300,
+        )
+
+    def connect(self, host: str, port: int, kind: str = "tcp") -> str:
+        """'open', or 'closed: <why>', for a TCP connection (or an HTTP GET) from the prober to host:port."""
+        kubectl = [kubectl_path(), "--kubeconfig", str(self.bed.kubeconfig)]
+        script = ["python", "-c", PROBE, host, str(port), kind]
+        out = subprocess.run(
+            [*kubectl, "exec", "-n", self.ns, self.pod, "--", *script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    def close(self) -> None:
+        self.bed.kube.request("DELETE", f"/api/v1/namespaces/{self.ns}")

@@ -1,0 +1,65 @@
+"""etj's images as a kubelet runs them: the numeric user the chart sets, HOME and caches on /tmp, a read-only
+root filesystem, and (the whole kind suite) the CUDA trainer image building and importing its stack.
+
+The operator and CPU trainer images are the ones `scripts/kind.sh up` built for the cluster (the `kind`
+fixture); the CUDA image is built by `scripts/kind.sh cuda-image` from trainer-image/Dockerfile with only
+its base changed (torch's PyPI wheels carry their CUDA libraries; the driver would come from the host).
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.kind.kindbed import KIND_SH, KindBed
+
+pytestmark = [pytest.mark.kind]
+
+OPERATOR_IMAGE = "ghcr.io/etj-dev/etj-operator:dev"
+CUDA_IMAGE = "ghcr.io/etj-dev/etj-trainer:dev"
+
+
+def docker_run(image: str, *command: str, user: str) -> subprocess.CompletedProcess[str]:
+    """Run as the chart's pods do: that numeric user, a read-only root filesystem, a writable /tmp only,
+    no capabilities."""
+    return subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp", "--user", user,
+         "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--entrypoint", command[0], image,
+         *command[1:]],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+STACK = (
+    "import getpass, os, torch, torchvision, nvidia.dali, etj_trainer; "
+    "print(getpass.getuser(), os.environ['HOME'], torch.__version__, torch.cuda.is_available())"
+)
+
+
+def test_the_cpu_trainer_image_runs_as_its_user_on_a_read_only_root(kind: KindBed) -> None:
+    out = docker_run(kind.trainer_image, "python", "-c", STACK, user="1000:1000")
+    assert out.returncode == 0, out.stderr
+    user, home, _torch, cuda = out.stdout.split()
+    assert (user, home, cuda) == ("etj", "/tmp", "False"), out.stdout
+    help_ = docker_run(kind.trainer_image, "etj-train", "--help", user="1000:1000")
+    assert help_.returncode == 0 and "worker" in help_.stdout, help_.stderr
+
+
+def test_the_operator_image_runs_as_its_user_on_a_read_only_root(kind: KindBed) -> None:
+    probe = "import getpass, os, kopf, etj_operator; print(getpass.getuser(), os.environ['HOME'])"
+    out = docker_run(OPERATOR_IMAGE, "python", "-c", probe, user="65532:65532")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["etj", "/tmp"], out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.kind_full
+def test_the_cuda_trainer_image_builds_and_imports_its_stack(kind: KindBed) -> None:
+    built = subprocess.run([str(KIND_SH), "cuda-image"], capture_output=True, text=True, timeout=3600)
+    assert built.returncode == 0, built.stderr[-4000:]
+    out = docker_run(CUDA_IMAGE, "python", "-c", STACK, user="1000:1000")
+    assert out.returncode == 0, out.stderr
+    user, home, torch_version, cuda = out.stdout.split()
+    # No GPU here: the CUDA build of torch imports and reports none.
+    assert (user, home, cuda) == ("etj", "/tmp", "False") and torch_version.startswith("2."), out.stdout

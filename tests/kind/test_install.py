@@ -1,0 +1,35 @@
+"""The chart as `helm install` left it on kind (`scripts/kind.sh install`): the operator runs in-cluster under
+Pod Security "restricted", with the chart's RBAC and no more."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.kind.kindbed import KindBed, kubectl_path
+
+pytestmark = [pytest.mark.kind]
+
+RELEASE, NAMESPACE = "etj", "etj-system"  # scripts/kind.sh's defaults
+
+
+def can_i(kind: KindBed, *args: str) -> str:
+    out = subprocess.run(
+        [kubectl_path(), "--kubeconfig", str(kind.kubeconfig), "auth", "can-i", *args,
+         f"--as=system:serviceaccount:{NAMESPACE}:{RELEASE}"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return out.stdout.strip()
+
+
+def test_the_operator_runs_in_cluster_with_only_the_charts_rbac(kind: KindBed) -> None:
+    pods = kind.pods(NAMESPACE, f"app.kubernetes.io/instance={RELEASE}")
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    assert running, [p["status"].get("phase") for p in pods]
+    ns = kind.kube.get(f"/api/v1/namespaces/{NAMESPACE}")
+    assert ns["metadata"]["labels"].get("pod-security.kubernetes.io/enforce") == "restricted"
+    assert can_i(kind, "create", "pods", "--namespace", "default") == "yes"
+    assert can_i(kind, "patch", "elastictrainingjobs.etj.dev/status", "--namespace", "default") == "yes"
+    assert can_i(kind, "get", "secrets", "--all-namespaces") == "no"
+    assert can_i(kind, "delete", "nodes") == "no"
