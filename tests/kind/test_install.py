@@ -30,6 +30,7 @@ def test_the_operator_runs_in_cluster_with_only_the_charts_rbac(kind: KindBed) -
     ns = kind.kube.get(f"/api/v1/namespaces/{NAMESPACE}")
     assert ns["metadata"]["labels"].get("pod-security.kubernetes.io/enforce") == "restricted"
     assert can_i(kind, "create", "pods", "--namespace", "default") == "yes"
-    assert can_i(kind, "patch", "elastictrainingjobs.etj.dev/status", "--namespace", "default") == "yes"
+    status = ("patch", "elastictrainingjobs.etj.dev", "--subresource=status", "--namespace", "default")
+    assert can_i(kind, *status) == "yes"
     assert can_i(kind, "get", "secrets", "--all-namespaces") == "no"
     assert can_i(kind, "delete", "nodes") == "no"
