@@ -23,7 +23,7 @@ from etj_testbed.demo.local import Demo
 from etj_testbed.demo.script import SPOT_ITN, Script
 from etj_testbed.localcluster.fake_nodes import fake_gpu_node
 from etj_testbed.localcluster.proclet_nodes import INSTANCE_LABEL
-from tests.chart.test_workflows import E2E, heredoc, step
+from tests.chart.test_workflows import kind_sh
 from tests.e2e.e2econfig import E2EConfig
 from tests.plugins.cluster import Cluster
 
@@ -153,8 +153,8 @@ def test_inconsistent_settings_fail_loudly(env: dict[str, str], message: str) ->
 
 
 def _kind_worker_labels() -> dict[str, dict[str, str]]:
-    """The labels the kind workflow gives its CPU workers, by capacity type."""
-    config = yaml.safe_load(heredoc(step(E2E, "kind", "Create the kind cluster")["run"], "KIND"))
+    """The labels scripts/kind.sh (the kind workflow's cluster) gives its CPU workers, by capacity type."""
+    config = yaml.safe_load(kind_sh("config"))
     workers = [n["labels"] for n in config["nodes"] if n["role"] == "worker"]
     return {labels["etj.dev/capacity-type"]: labels for labels in workers}
 

@@ -602,6 +602,35 @@ def test_an_oom_killed_worker_is_named_so_in_its_warning() -> None:
     assert out.status.failures == 1
 
 
+LOST_WITH_ITS_NODE = [
+    # (name, terminated state): what a kubelet reports, back up, for a container that died with its machine
+    ("containerd after a killed node came back", {"exitCode": 255, "reason": "Unknown"}),
+    (
+        "the kubelet for a container it can no longer find",
+        {"exitCode": 137, "reason": "ContainerStatusUnknown"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "terminated", [c[1] for c in LOST_WITH_ITS_NODE], ids=[c[0] for c in LOST_WITH_ITS_NODE]
+)
+def test_a_worker_lost_with_its_node_is_an_interruption_not_a_failure(terminated: dict[str, Any]) -> None:
+    # Seen on kind: `docker kill` of a worker node, then `docker start`; the node is Ready again when the
+    # pod shows Failed, so no node signal explains it. The trainer did not fail: its machine did.
+    from etj_operator.observe.pods import pod_info
+
+    body = {
+        "metadata": {"name": "train-worker-3", "labels": {"etj.dev/job": "train", "etj.dev/role": "worker"}},
+        "spec": {"nodeName": "spot-3"},
+        "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": terminated}}]},
+    }
+    out = plan(job(st=started(4)), observe(cluster(), [*RUNNING4[:3], pod_info(body), store()]))
+    assert not out.status.failures, out.status
+    assert not [e for e in out.events if e.type == "Warning" and e.reason == "WorkerFailed"]
+    assert [d.reason for d in out.drains] == ["NodeLost"], out.drains
+
+
 STARTUP_CASES = [
     # (name, job, observed, creates, startup_workers): what new agents wait for before the first rendezvous
     ("fresh job with room for all: the first world waits for all four", job(), observe(cluster(), []), 4, 4),

@@ -27,6 +27,7 @@ class Reason(StrEnum):
     NODE_CORDONED = "NodeCordoned"
     NODE_NOT_READY = "NodeNotReady"
     NODE_DELETED = "NodeDeleted"
+    NODE_LOST = "NodeLost"  # the container vanished with its machine (the kubelet came back without it)
     POD_DISRUPTED = "PodDisrupted"  # DisruptionTarget condition set by kubelet/taint manager/preemption
     WORKER_FAILED = "WorkerFailed"
     CAPACITY_ADDED = "CapacityAdded"
@@ -63,9 +64,15 @@ INTERRUPTIONS = frozenset(
         Reason.NODE_CORDONED,
         Reason.NODE_NOT_READY,
         Reason.NODE_DELETED,
+        Reason.NODE_LOST,
         Reason.POD_DISRUPTED,
     }
 )
+
+# A container's terminated reason when the runtime no longer knows it: the machine died under it (a power
+# loss, a killed VM or kind node) and the kubelet, back up, reports the container gone, not a process exit.
+# containerd says "Unknown" with exit code 255; the kubelet itself "ContainerStatusUnknown" with 137.
+LOST_CONTAINER_REASONS = frozenset({"Unknown", "ContainerStatusUnknown"})
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,8 @@ def node_signal(body: Mapping[str, Any]) -> Signal | None:
 
 
 def pod_signal(body: Mapping[str, Any]) -> Signal | None:
-    """A DisruptionTarget condition on a pod: something else already decided to terminate it."""
+    """Why a pod ended or must end, when the pod itself says so: a DisruptionTarget condition (something else
+    decided to terminate it), or a container lost with its machine."""
     for cond in (body.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             why = cond.get("reason") or "DisruptionTarget"
@@ -104,5 +112,14 @@ def pod_signal(body: Mapping[str, Any]) -> Signal | None:
                 Reason.POD_DISRUPTED,
                 f"pod has DisruptionTarget ({why}): {cond.get('message') or ''}".rstrip(": "),
                 parse_time(cond.get("lastTransitionTime")),
+            )
+    for cs in (body.get("status") or {}).get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        if terminated.get("reason") in LOST_CONTAINER_REASONS:
+            return Signal(
+                Reason.NODE_LOST,
+                f"its container was lost with its node ({terminated['reason']}, exit code "
+                f"{terminated.get('exitCode')}), not ended by the trainer",
+                parse_time(terminated.get("finishedAt")),
             )
     return None
