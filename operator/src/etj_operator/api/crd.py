@@ -224,6 +224,25 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "description": "Resize policy.",
     },
+    {
+        "name": "Slack",
+        "type": "integer",
+        "jsonPath": ".status.schedule.slackSeconds",
+        "description": "Seconds ahead (+) or behind (-) the straight line to spec.deadline.",
+    },
+    {
+        "name": "Finish",
+        "type": "string",
+        "jsonPath": ".status.schedule.projectedFinish",
+        "description": "Projected finish at the current rate.",
+    },
+    {
+        "name": "Cost",
+        "type": "number",
+        "jsonPath": ".status.cost.usd",
+        "priority": 1,
+        "description": "USD spent on worker pods so far.",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from etj_operator.api._base import ApiModel, Time
+from etj_operator.api.schedule import CostStatus, ScheduleStatus, WorkersByCapacity
 
 MAX_CONDITIONS = 16
 MAX_RESIZE_HISTORY = 20
@@ -181,6 +182,16 @@ class ElasticTrainingJobStatus(StatusModel):
     )
     start_time: Time | None = Field(default=None, description="When the first worker started training.")
     completion_time: Time | None = Field(default=None, description="When the job Succeeded or Failed.")
+    workers_by_capacity: WorkersByCapacity | None = Field(
+        default=None, description="Running workers by the capacity type of their node."
+    )
+    cost: CostStatus | None = Field(
+        default=None, description="Cost of the worker pods so far, and where the prices come from."
+    )
+    schedule: ScheduleStatus | None = Field(
+        default=None,
+        description="Projected finish and slack against spec.deadline (unset without a deadline).",
+    )
 
     def to_patch(self) -> dict[str, Any]:
         """The ``status`` body of a merge patch, camelCase, lists complete, unset fields left untouched."""
