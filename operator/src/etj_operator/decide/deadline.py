@@ -5,9 +5,11 @@ on-demand instance: on spot while it is ahead of the straight line from start to
 while it is behind, and on on-demand for good once waiting any longer could miss the deadline (the safety
 net). etj can mix the two inside one world, so the policy here asks for a *number* of on-demand workers:
 
-1. **Safety net.** If spot vanished now, on-demand alone (``max_on_demand`` workers) must still finish in
-   time, counting the margin: an on-demand node's start-up, one resize and one decision interval (the
-   policy only looks again then). Once that margin is used up: all of ``max_on_demand``, and they stay.
+1. **Safety net, generalised.** If spot vanished now, the job must still finish in time: the on-demand
+   workers it holds train while the rest of ``max_on_demand`` start up (an on-demand node's start-up and
+   one resize), then all of them, and the policy only looks again a decision interval later. The policy
+   holds the fewest on-demand workers for which that is true, so on-demand ramps in step by step as the
+   slack is used up, instead of the single switch a one-instance job has.
 2. **Uniform Progress, generalised.** Ahead of the line: no on-demand (spot, or nothing, is the cheap way to
    spend the slack). Behind it: the fewest on-demand workers that, with the spot workers there now, train
    fast enough to finish by the deadline less the margin.
@@ -125,6 +127,31 @@ def _adding_pays(inp: DeadlineInputs, left: float, target: int) -> bool:
     return later < now
 
 
+def _finish_if_spot_vanished(inp: DeadlineInputs, left: float, keep: int, cap: int) -> float:
+    """Seconds to finish if every spot worker went now: ``keep`` on-demand workers train until ``cap`` of
+    them (asked for at once) have started and joined, then all ``cap`` do."""
+    now_rate, full_rate = inp.rate.at(keep), inp.rate.at(cap)
+    if full_rate <= 0:
+        return math.inf
+    if keep >= cap:
+        return inp.stall_s + left / full_rate
+    ramp = inp.on_demand_startup_s
+    if now_rate > 0 and left <= now_rate * ramp:
+        return inp.stall_s + left / now_rate
+    # Two resizes: the spot workers leaving, then the on-demand ones joining.
+    return inp.stall_s + ramp + 2 * inp.resize_s + (left - now_rate * ramp) / full_rate
+
+
+def _fewest_safe(inp: DeadlineInputs, left: float, cap: int, ahead_s: float = 0.0) -> int | None:
+    """The safety net, generalised: the fewest on-demand workers to hold now so that, if spot vanished, the
+    job still finishes by the deadline less ``ahead_s`` (adding the rest of the cap then). None: not even
+    the cap does."""
+    for k in range(cap + 1):
+        if _finish_if_spot_vanished(inp, left, k, cap) + inp.decision_interval_s + ahead_s <= inp.time_left_s:
+            return k
+    return None
+
+
 def decide(inp: DeadlineInputs) -> DeadlineDecision:
     left = max(0.0, inp.samples_total - inp.samples_done)
     slack = line_slack_s(inp)
@@ -142,29 +169,29 @@ def decide(inp: DeadlineInputs) -> DeadlineDecision:
     if inp.rate.at(1) <= 0:
         return out(min(inp.on_demand, cap), Why.NO_RATE)
 
-    margin = margin_s(inp)
-    all_on_demand = inp.stall_s + left / inp.rate.at(cap)
-    # 1. The safety net: on-demand alone, asked for at the next look at the latest, must still make it.
-    if all_on_demand + margin >= inp.time_left_s:
-        starting = 0.0 if inp.on_demand >= cap else inp.on_demand_startup_s + inp.resize_s
-        fits = all_on_demand + starting <= inp.time_left_s
-        # Past this point on-demand is never given back: spot may vanish at any moment.
-        return out(cap, Why.SAFETY_NET if fits else Why.CANNOT_MEET)
-
-    usable = inp.time_left_s - margin - inp.stall_s
-    rate_needed = left / usable
+    # 1. The safety net: hold enough on-demand that losing all spot now would still not miss the deadline.
+    safe = _fewest_safe(inp, left, cap)
+    if safe is None:
+        return out(cap, Why.CANNOT_MEET)
+    if safe > inp.on_demand:
+        # Growing one worker per look would cost a resize per look: ask at once for what stays safe for
+        # one more start-up's time (or the cap), so additions come in few, larger steps.
+        ahead = _fewest_safe(inp, left, cap, ahead_s=inp.on_demand_startup_s)
+        safe = cap if ahead is None else ahead
     # 2. Uniform Progress: ahead of the line, spend the slack on spot (or waiting); behind, buy the rate.
-    target = 0 if slack >= 0 else _fewest_on_demand(inp, cap, rate_needed)
-    target = min(target, room)  # on-demand past the world's room would only wait, billed
-    why = Why.AHEAD if slack >= 0 else Why.BEHIND
+    usable = inp.time_left_s - margin_s(inp) - inp.stall_s
+    rate_needed = left / usable if usable > 0 else math.inf
+    up = 0 if slack >= 0 else min(_fewest_on_demand(inp, cap, rate_needed), room)
+    target = max(safe, up)
+    why = Why.SAFETY_NET if safe > 0 and safe >= up else (Why.AHEAD if slack >= 0 else Why.BEHIND)
 
     # 3. No thrash: a release must leave enough slack to ask again; an addition must pay for itself.
     if target < inp.on_demand:
-        surplus = max(0, inp.on_demand - room)  # spot took their place in the world: always cheaper
-        keep_floor = inp.on_demand - surplus
-        if slack < margin + inp.resize_s and target < keep_floor:
-            return out(keep_floor, Why.HOLD, rate_needed)
+        # Those with no place in the world next to spot, and not needed for safety, go whatever the slack.
+        useful = min(inp.on_demand, max(room, safe))
+        if slack < margin_s(inp) + inp.resize_s and target < useful:
+            return out(useful, Why.HOLD, rate_needed)
         return out(target, why, rate_needed)
-    if target > inp.on_demand and not _adding_pays(inp, left, target):
-        return out(inp.on_demand, Why.HOLD, rate_needed)
+    if target > inp.on_demand and target > safe and not _adding_pays(inp, left, target):
+        return out(max(inp.on_demand, safe), Why.HOLD, rate_needed)
     return out(target, why, rate_needed)
