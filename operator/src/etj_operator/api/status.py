@@ -84,6 +84,9 @@ class Progress(StatusModel):
     epoch: int | None = Field(default=None, ge=0, description="Current epoch (0-based).")
     step: int | None = Field(default=None, ge=0, description="Optimizer steps completed.")
     samples_seen: int | None = Field(default=None, ge=0, description="Training samples consumed so far.")
+    samples_total: int | None = Field(
+        default=None, ge=0, description="Samples the whole run trains (epochs x dataset size)."
+    )
     samples_per_second: float | None = Field(default=None, ge=0, description="Recent training throughput.")
     loss: float | None = Field(default=None, description="Recent training loss.")
     accuracy: float | None = Field(default=None, description="Final evaluation accuracy (set at the end).")
