@@ -144,10 +144,15 @@ class FreeCapacity:
     young_since: datetime | None = None  # earliest Ready time among nodes still inside the delay
 
 
-def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
-    """One pass over the nodes (this runs on every reconcile of every job, so it stays cheap)."""
+def free_capacity(
+    spec: ElasticTrainingJobSpec, obs: Observed, types: frozenset[CapacityType] | None = None
+) -> FreeCapacity:
+    """One pass over the nodes (this runs on every reconcile of every job, so it stays cheap).
+
+    ``types``: count only nodes of these capacity types (the deadline policy asks about spot alone).
+    """
     res = spec.trainer.resources
-    allowed = set(spec.placement.capacity_types)
+    allowed = set(spec.placement.capacity_types) & (types if types is not None else set(CapacityType))
     selector = spec.placement.node_selector
     tolerations = [
         *capacity_tolerations(spec.placement.capacity_types),
