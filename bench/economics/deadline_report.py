@@ -8,7 +8,7 @@ whole job. Reports per arm the share of deadlines met, and cost and time relativ
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -78,11 +78,11 @@ def trace_report(
     for f in factors:
         deadline_s = f * od.time_s
         spec = DeadlineJob(deadline_s=deadline_s, max_on_demand=cluster.peak)
-        runs: dict[str, Callable[[int], Outcome]] = {
-            "deadline": lambda s: simulate_deadline(spot, s, job, cluster, spec, horizon_s),
-            "up_whole": lambda s: simulate_up_whole(spot, s, ckpt_job, cluster, spec, horizon_s),
+        runs: dict[str, list[Outcome]] = {
+            "deadline": [simulate_deadline(spot, s, job, cluster, spec, horizon_s) for s in starts],
+            "up_whole": [simulate_up_whole(spot, s, ckpt_job, cluster, spec, horizon_s) for s in starts],
         }
-        arms = {name: _summary([fn(s) for s in starts], deadline_s, od) for name, fn in runs.items()}
+        arms = {name: _summary(outs, deadline_s, od) for name, outs in runs.items()}
         arms |= {name: _summary(outs, deadline_s, od) for name, outs in fixed.items()}
         out["deadlines"][str(f)] = {
             "deadline_h": round(deadline_s / 3600, 4),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from bench.economics.accounting import SCALE_UP, SLICE_DOWN, TRAINING_PREP, WASTED
 from bench.economics.simulate import Cluster, JobModel, Outcome, _Run
 from bench.economics.traces import Trace
+
 from etj_operator.decide.deadline import DeadlineInputs, Throughput, decide
 
 

@@ -4,9 +4,9 @@ message naming the field, immutability, scale/status subresources, printer colum
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 import re
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +154,17 @@ def test_status_subresource_and_printer_columns(cluster: Cluster, namespace: str
     result = _status(cluster, namespace, "cols", status)
     assert result.returncode == 0, result.stderr
     table = cluster.kubectl("get", "etj", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "WORLD", "EPOCH", "STEP", "SLACK", "FINISH", "AGE"]
+    assert table[0].split() == [
+        "NAME",
+        "PHASE",
+        "WORKERS",
+        "WORLD",
+        "EPOCH",
+        "STEP",
+        "SLACK",
+        "FINISH",
+        "AGE",
+    ]
     assert table[1].split()[:8] == ["cols", "Running", "3/4", "3", "2", "120", "-120", "2026-12-04T15:30:00Z"]
     wide = cluster.kubectl("get", "etj", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split()[-5:] == ["SAMPLES/S", "LOSS", "POLICY", "COST", "AGE"]

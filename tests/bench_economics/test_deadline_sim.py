@@ -44,7 +44,15 @@ def test_spot_ready_lags_new_nodes_by_their_start_up() -> None:
     [
         ("spot throughout, loose deadline: spot only", (4,) * 20, 3.0, 6, True, False, True),
         ("no spot at all: on-demand carries it", (0,) * 20, 1.25, 6, True, True, False),
-        ("spot vanishes after one tick: on-demand added in time", (4, 0, 0, 0, 0, 0), 1.25, 6, True, True, True),
+        (
+            "spot vanishes after one tick: on-demand added in time",
+            (4, 0, 0, 0, 0, 0),
+            1.25,
+            6,
+            True,
+            True,
+            True,
+        ),
         ("cap of 1 on-demand cannot save a spotless job", (0,) * 20, 1.25, 1, False, True, False),
     ],
 )
@@ -58,7 +66,9 @@ def test_deadline_arm(
     uses_spot: bool,
 ) -> None:
     deadline = factor * ON_DEMAND.time_s
-    out = simulate_deadline(trace(*counts), 0, JOB, CLUSTER, DeadlineJob(deadline, max_on_demand, 10.0), 5000.0)
+    out = simulate_deadline(
+        trace(*counts), 0, JOB, CLUSTER, DeadlineJob(deadline, max_on_demand, 10.0), 5000.0
+    )
     assert (out.finished and out.time_s <= deadline) == met, (name, out.time_s, deadline)
     assert (out.node_s["on-demand"] > 0) == uses_on_demand, (name, out.node_s)
     assert (out.node_s["spot"] > 0) == uses_spot, (name, out.node_s)
@@ -92,6 +102,9 @@ def test_report_names_the_cheapest_arm_meeting_every_deadline() -> None:
         arms = report["deadlines"][f]["arms"]
         assert arms["on_demand"]["met"] == 3 and arms["on_demand"]["cost_rel_mean"] == 1.0
         assert report["deadlines"][f]["cheapest_meeting_all"] == cheapest_meeting_all(arms)
-    arms = {"a": {"met": 2, "runs": 2, "cost_rel_mean": 0.9}, "b": {"met": 1, "runs": 2, "cost_rel_mean": 0.1}}
+    arms = {
+        "a": {"met": 2, "runs": 2, "cost_rel_mean": 0.9},
+        "b": {"met": 1, "runs": 2, "cost_rel_mean": 0.1},
+    }
     assert cheapest_meeting_all(arms) == "a"
     assert cheapest_meeting_all({"b": arms["b"]}) is None

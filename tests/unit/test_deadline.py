@@ -36,8 +36,10 @@ BASE = DeadlineInputs(
 
 
 def at(fraction_done: float, elapsed: float, deadline: float = 2000.0, **kw: object) -> DeadlineInputs:
-    """The job ``elapsed`` s after its start with ``fraction_done`` of its samples, deadline at ``deadline``."""
-    return replace(BASE, samples_done=TOTAL * fraction_done, elapsed_s=elapsed, time_left_s=deadline - elapsed, **kw)  # type: ignore[arg-type]
+    """The job ``elapsed`` s after its start, ``fraction_done`` of it done, deadline at ``deadline``."""
+    return replace(
+        BASE, samples_done=TOTAL * fraction_done, elapsed_s=elapsed, time_left_s=deadline - elapsed, **kw
+    )  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -50,15 +52,30 @@ class Case:
 
 CASES = [
     Case("all spot, on the line: no on-demand", at(0.0, 0.0, spot=10), 0, Why.AHEAD),
-    Case("ahead of the line with no spot at all: wait for spot (cheap slack)", at(0.5, 600.0, spot=0), 0, Why.AHEAD),
+    Case(
+        "ahead of the line with no spot at all: wait for spot (cheap slack)",
+        at(0.5, 600.0, spot=0),
+        0,
+        Why.AHEAD,
+    ),
     # Half the spot, behind the line (30 % done at 40 % of the time): 1,040 s usable (1,200 left less the
     # 160 s margin) for 630,000 samples needs 606/s: 5 spot = 450/s, 7 workers = 630/s -> 2 on-demand.
-    Case("behind with half the spot: the on-demand that make up the rate", at(0.3, 800.0, spot=5), 2, Why.BEHIND),
+    Case(
+        "behind with half the spot: the on-demand that make up the rate",
+        at(0.3, 800.0, spot=5),
+        2,
+        Why.BEHIND,
+    ),
     # Behind but only a little is missing: 45 % done at 50 % of the time, 6 spot; 840 s usable for
     # 495,000 samples needs 590/s: 6 spot = 540/s, 7 workers = 630/s -> one on-demand worker.
     Case("slightly behind: the fewest on-demand that catch up", at(0.45, 1000.0, spot=6), 1, Why.BEHIND),
     # 20 % left needs 200 s on all 10 on-demand; 200 + 160 margin >= 350 s left: the safety net.
-    Case("no spot, near the deadline: safety net, every on-demand worker", at(0.8, 1650.0, spot=0), 10, Why.SAFETY_NET),
+    Case(
+        "no spot, near the deadline: safety net, every on-demand worker",
+        at(0.8, 1650.0, spot=0),
+        10,
+        Why.SAFETY_NET,
+    ),
     # Spot is back and fills the world 350 s before the deadline: 8 of the 10 on-demand workers have no
     # place next to it and go; 2 stay, enough to finish in time should spot vanish again.
     Case(
@@ -74,10 +91,20 @@ CASES = [
         Why.CANNOT_MEET,
     ),
     # 3 on-demand workers need 630,000 / 270 = 2,333 s, more than the 1,200 left: all 3, and say so.
-    Case("cap of 3 on-demand too few: all 3, unreachable", at(0.3, 800.0, spot=0, max_on_demand=3), 3, Why.CANNOT_MEET),
+    Case(
+        "cap of 3 on-demand too few: all 3, unreachable",
+        at(0.3, 800.0, spot=0, max_on_demand=3),
+        3,
+        Why.CANNOT_MEET,
+    ),
     Case("cap 0: deadline only reported", at(0.3, 800.0, spot=0, max_on_demand=0), 0, Why.ON_DEMAND_DISABLED),
     # Spot came back and fills the world: the 4 on-demand workers have no room and leave first.
-    Case("spot returns and fills the world: on-demand leaves", at(0.6, 1000.0, spot=10, on_demand=4), 0, Why.AHEAD),
+    Case(
+        "spot returns and fills the world: on-demand leaves",
+        at(0.6, 1000.0, spot=10, on_demand=4),
+        0,
+        Why.AHEAD,
+    ),
     # Ahead by 0.52*2000-1000 = 40 s only (< margin 160 + resize 10): releasing could not be undone in time.
     Case(
         "ahead by less than the margin: keep on-demand (no thrash)",
@@ -96,7 +123,12 @@ CASES = [
         Why.HOLD,
     ),
     Case("finished: nothing", at(1.0, 900.0, spot=0, on_demand=3), 0, Why.FINISHED),
-    Case("no rate measured yet: keep what the job has", at(0.2, 300.0, on_demand=2, rate=Throughput(0.0)), 2, Why.NO_RATE),
+    Case(
+        "no rate measured yet: keep what the job has",
+        at(0.2, 300.0, on_demand=2, rate=Throughput(0.0)),
+        2,
+        Why.NO_RATE,
+    ),
 ]
 
 

@@ -74,9 +74,7 @@ def plan_capacity(
     kinds = [(p, capacity_of(p, nodes)) for p in survivors]
     running_spot = [p for p, c in kinds if c == CapacityType.SPOT and p.running]
     on_demand = [p for p, c in kinds if c == CapacityType.ON_DEMAND and (p.running or p.pinned)]
-    workers = WorkersByCapacity(
-        spot=len(running_spot), on_demand=sum(1 for p in on_demand if p.running)
-    )
+    workers = WorkersByCapacity(spot=len(running_spot), on_demand=sum(1 for p in on_demand if p.running))
     standing = Standing(len(running_spot), spot_free, len(on_demand))
     sched, choice = schedule(spec, status, standing, costs, now)
     managed = manages_on_demand(spec)
@@ -85,7 +83,9 @@ def plan_capacity(
         return base
     if choice.on_demand < len(on_demand):
         release = _release_order(on_demand)[: len(on_demand) - choice.on_demand]
-        return CapacityPlan(0, release=release, pin_spot=True, schedule=sched, workers=workers, decision=choice)
+        return CapacityPlan(
+            0, release=release, pin_spot=True, schedule=sched, workers=workers, decision=choice
+        )
     want = choice.on_demand - len(on_demand)
     if want <= 0:
         return base
@@ -94,4 +94,6 @@ def plan_capacity(
     waiting_spot = [p for p, c in kinds if p.pinned == CapacityType.SPOT.value and not p.node]
     give_way = _release_order(waiting_spot)[: max(0, want - room)]
     add = min(want, room + len(give_way))
-    return CapacityPlan(add, give_way=give_way, pin_spot=True, schedule=sched, workers=workers, decision=choice)
+    return CapacityPlan(
+        add, give_way=give_way, pin_spot=True, schedule=sched, workers=workers, decision=choice
+    )

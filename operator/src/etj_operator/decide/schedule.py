@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from etj_operator.api.models import (
-    CapacityType,
     CostStatus,
     ElasticTrainingJobSpec,
     ElasticTrainingJobStatus,
@@ -21,7 +20,7 @@ from etj_operator.decide.deadline import DeadlineDecision, DeadlineInputs, Throu
 
 @dataclass(frozen=True)
 class PriceDefaults:
-    """The operator's prices (the chart's ``prices`` values) for jobs whose spec gives none, and their source."""
+    """The operator's prices (the chart's ``prices``) for jobs whose spec gives none, and their source."""
 
     spot: float = DEFAULT_PRICE_SPOT
     on_demand: float = DEFAULT_PRICE_ON_DEMAND
@@ -122,8 +121,10 @@ def schedule(
     done = float(progress.samples_seen or 0) if progress else 0.0
     total = float(progress.samples_total or 0) if progress else 0.0
     running = standing.spot_running + standing.on_demand
-    cap = spec.replicas.max if spec.deadline is None or spec.deadline.max_on_demand_workers is None else (
-        spec.deadline.max_on_demand_workers
+    cap = (
+        spec.replicas.max
+        if spec.deadline is None or spec.deadline.max_on_demand_workers is None
+        else (spec.deadline.max_on_demand_workers)
     )
     if total <= 0:
         return ScheduleStatus(deadline=deadline, reason="NoProgressReported"), None
@@ -156,4 +157,3 @@ def schedule(
         ),
         choice,
     )
-
