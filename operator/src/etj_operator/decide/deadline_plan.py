@@ -75,7 +75,7 @@ def plan_capacity(
     running_spot = [p for p, c in kinds if c == CapacityType.SPOT and p.running]
     on_demand = [p for p, c in kinds if c == CapacityType.ON_DEMAND and (p.running or p.pinned)]
     workers = WorkersByCapacity(spot=len(running_spot), on_demand=sum(1 for p in on_demand if p.running))
-    standing = Standing(len(running_spot), spot_free, len(on_demand))
+    standing = Standing(len(running_spot), spot_free, len(on_demand), workers.on_demand)
     sched, choice = schedule(spec, status, standing, costs, now)
     managed = manages_on_demand(spec)
     base = CapacityPlan(pin_spot=managed, schedule=sched, workers=workers, decision=choice)

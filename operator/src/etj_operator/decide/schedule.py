@@ -104,6 +104,7 @@ class Standing:
     spot_free: int  # more spot workers that fit on Ready spot nodes now
     on_demand: int  # on-demand workers running or starting (pending pods pinned to on-demand count:
     # the autoscaler provisions their nodes, so that capacity is real)
+    on_demand_running: int = 0  # of which running: with the spot ones, the world the rate was measured at
 
 
 def schedule(
@@ -120,7 +121,7 @@ def schedule(
     progress = status.progress
     done = float(progress.samples_seen or 0) if progress else 0.0
     total = float(progress.samples_total or 0) if progress else 0.0
-    running = standing.spot_running + standing.on_demand
+    running = standing.spot_running + standing.on_demand_running
     cap = (
         spec.replicas.max
         if spec.deadline is None or spec.deadline.max_on_demand_workers is None
