@@ -140,7 +140,9 @@ def simulate_up_whole(
         begun = max(0.0, t - job.startup_s)
         slack = run.done / job.samples * (spec.deadline_s - job.startup_s) - begun
         must = left / job.throughput(n_od) + switch_cost + spec.interval_s >= time_left
-        if mode == "spot" and (must or slack < 0):
+        if t == 0 and must:
+            mode, running = "on-demand", True  # too tight for spot from the start: no switch to pay for
+        elif mode == "spot" and (must or slack < 0):
             mode, running = "on-demand", True
             run.stall, run.stall_cause = run.stall + switch_cost, TRAINING_PREP  # checkpoint, then restart
             kept = run.done

@@ -108,3 +108,10 @@ def test_report_names_the_cheapest_arm_meeting_every_deadline() -> None:
     }
     assert cheapest_meeting_all(arms) == "a"
     assert cheapest_meeting_all({"b": arms["b"]}) is None
+
+
+def test_up_whole_starts_on_demand_without_a_switch_when_too_tight_for_spot() -> None:
+    """At 1.1x there is no time for spot: it starts on the on-demand cluster and takes its time exactly."""
+    deadline = 1.1 * ON_DEMAND.time_s
+    out = simulate_up_whole(trace(*(4,) * 20), 0, JOB, CLUSTER, DeadlineJob(deadline, 6, 10.0), 5000.0)
+    assert out.finished and out.time_s == pytest.approx(ON_DEMAND.time_s) and out.node_s["spot"] == 0
