@@ -3,7 +3,8 @@
 - ``deadline``: etj with spec.deadline. Spot workers as the trace offers them (up to ``max_spot``), plus
   the on-demand workers the operator's own policy asks for (``etj_operator.decide.deadline.decide``, the
   function the planner calls), looked at every ``interval_s``; an on-demand node asked for mid-run trains
-  ``node_ready_s`` later; on-demand leaves first when spot returns.
+  ``node_ready_s`` later, and only into room next to the spot workers training (the planner never drains a
+  running spot worker for one); on-demand leaves first when spot returns.
 - ``up_whole``: Uniform Progress as "Can't Be Late" applies it, to the whole job: all of it on a fixed
   spot cluster (``max_spot`` nodes, checkpoint-restart: trains only with all of them) while it is ahead of
   the straight line to the deadline, all of it on the on-demand cluster (``peak`` nodes) while behind, and on
@@ -96,7 +97,10 @@ def simulate_deadline(
                 stall_s=run.stall,
             )
         )
-        want = choice.on_demand - ready_od - len(pending)
+        # As the planner: new on-demand workers only where the world has room next to the spot workers
+        # training now (it never drains a running spot worker for one; replicas.max bounds the pods).
+        target = min(choice.on_demand, max(ready_od + len(pending), cluster.peak - spot))
+        want = target - ready_od - len(pending)
         if want > 0:
             # At submission the nodes come with the job (as the on-demand baseline's); later they start up.
             pending += [t + (0.0 if t == 0 else job.node_ready_s)] * want

@@ -112,6 +112,17 @@ CASES = [
         pin_spot=True,
         reason="HoldToAvoidThrash",
     ),
+    # Spot fills the world (4 running) but only 1,000 s are left for 2,600,000 samples: the policy wants
+    # every on-demand worker, but no running spot worker is drained for one that would start 180 s later.
+    Case(
+        "deadline out of reach with spot filling the world: running spot is not displaced",
+        job(deadline_spec(within=4600), progress(ONE_HOUR_IN_THIRD_DONE, 4)),
+        observe(cluster(spot=4), [*(worker(i, f"spot-{i}", **SPOT_PINNED) for i in range(4)), store()]),
+        on_demand_created=0,
+        drains=[],
+        pin_spot=True,
+        reason="DeadlineUnreachable",
+    ),
     Case(
         "no deadline: today's behaviour, nothing pinned, no schedule",
         job(spec(), progress(ONE_HOUR_IN_THIRD_DONE, 2)),

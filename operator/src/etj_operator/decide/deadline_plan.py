@@ -92,6 +92,8 @@ def plan_capacity(
     room = spec.replicas.max - len(survivors)
     # Spot pods still waiting for a node train nothing: they give way first (the autoscaler found no spot).
     waiting_spot = [p for p, c in kinds if p.pinned == CapacityType.SPOT.value and not p.node]
+    # A running spot worker never makes room: it trains now, and a new on-demand one would only train
+    # after its node's start-up (the safety margin counts that start-up).
     give_way = _release_order(waiting_spot)[: max(0, want - room)]
     add = min(want, room + len(give_way))
     return CapacityPlan(
