@@ -76,12 +76,12 @@ CASES = [
         10,
         Why.SAFETY_NET,
     ),
-    # Spot is back and fills the world 350 s before the deadline: 8 of the 10 on-demand workers have no
-    # place next to it and go; 2 stay, enough to finish in time should spot vanish again.
+    # Spot is back and fills the world 350 s before the deadline: 5 of the 10 on-demand workers go; 5 stay,
+    # enough to finish in time should spot vanish again (5 train 120 s while the other 5 start, 6 resizes).
     Case(
         "spot back near the deadline: keep only what the safety net needs",
         at(0.8, 1650.0, spot=10, on_demand=10),
-        2,
+        5,
         Why.SAFETY_NET,
     ),
     Case(
@@ -114,11 +114,11 @@ CASES = [
     ),
     # Ahead by 0.7*2000-1000 = 400 s with 5 spot + 5 on-demand: enough slack to let them go.
     Case("well ahead: release on-demand", at(0.7, 1000.0, spot=5, on_demand=5), 0, Why.AHEAD),
-    # A long job 99 % done, 800 s behind its line, 200 s left, one spot worker: 9,000 samples need 225/s
-    # (3 workers) but that one worker finishes in 90 s; new ones would only start in 120 s: do not ask.
+    # A long job 99 % done, 760 s behind its line, 240 s left, one spot worker: 9,000 samples need 113/s
+    # (2 workers) but that one worker finishes in 90 s; new ones would only start in 120 s: do not ask.
     Case(
         "nearly done and behind: adding does not pay back",
-        at(0.99, 99_800.0, deadline=100_000.0, spot=1, max_on_demand=10),
+        at(0.99, 99_760.0, deadline=100_000.0, spot=1, max_on_demand=10),
         0,
         Why.HOLD,
     ),

@@ -7,7 +7,7 @@ net). etj can mix the two inside one world, so the policy here asks for a *numbe
 
 1. **Safety net, generalised.** If spot vanished now, the job must still finish in time: the on-demand
    workers it holds train while the rest of ``max_on_demand`` start up (an on-demand node's start-up and
-   one resize), then all of them, and the policy only looks again a decision interval later. The policy
+   ``SAFETY_RESIZES`` resizes), then all of them, and the policy only looks again a decision interval later. The policy
    holds the fewest on-demand workers for which that is true, so on-demand ramps in step by step as the
    slack is used up, instead of the single switch a one-instance job has.
 2. **Uniform Progress, generalised.** Ahead of the line: no on-demand (spot, or nothing, is the cheap way to
@@ -41,6 +41,11 @@ class Why(StrEnum):
     SAFETY_NET = "SafetyNet"  # spot could no longer be waited for: on-demand covers the rest
     CANNOT_MEET = "DeadlineUnreachable"  # even every on-demand worker from now on is too late
     HOLD = "HoldToAvoidThrash"  # a change would not pay back its resize/start-up within the slack
+
+
+# Resizes the safety net budgets for: spot rarely leaves at once (the traces drop in steps, 16 -> 2 -> 1 ->
+# 0), and each loss costs a leave plus the join of the on-demand workers that answer it: three such pairs.
+SAFETY_RESIZES = 6
 
 
 @dataclass(frozen=True)
@@ -138,8 +143,7 @@ def _finish_if_spot_vanished(inp: DeadlineInputs, left: float, keep: int, cap: i
     ramp = inp.on_demand_startup_s
     if now_rate > 0 and left <= now_rate * ramp:
         return inp.stall_s + left / now_rate
-    # Two resizes: the spot workers leaving, then the on-demand ones joining.
-    return inp.stall_s + ramp + 2 * inp.resize_s + (left - now_rate * ramp) / full_rate
+    return inp.stall_s + ramp + SAFETY_RESIZES * inp.resize_s + (left - now_rate * ramp) / full_rate
 
 
 def _fewest_safe(inp: DeadlineInputs, left: float, cap: int, ahead_s: float = 0.0) -> int | None:
