@@ -84,9 +84,7 @@ class CostStatus(ApiModel):
 
     usd: float = Field(default=0.0, ge=0, description="Cost so far in USD.")
     spot_worker_seconds: float = Field(default=0.0, ge=0, description="Spot worker-seconds so far.")
-    on_demand_worker_seconds: float = Field(
-        default=0.0, ge=0, description="On-demand worker-seconds so far."
-    )
+    on_demand_worker_seconds: float = Field(default=0.0, ge=0, description="On-demand worker-seconds so far.")
     price_source: Annotated[str, Field(max_length=512)] = Field(
         default="", description="Where the prices come from: the spec, or the operator's (chart) defaults."
     )
@@ -111,4 +109,3 @@ class ScheduleStatus(ApiModel):
     reason: Annotated[str, Field(max_length=256)] = Field(
         default="", description="Why the policy decided what it did (one CamelCase word)."
     )
-
