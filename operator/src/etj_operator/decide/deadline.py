@@ -8,8 +8,8 @@ net). etj can mix the two inside one world, so the policy here asks for a *numbe
 1. **Safety net, generalised.** If spot vanished now, the job must still finish in time: the on-demand
    workers it holds train while the rest of ``max_on_demand`` start up (an on-demand node's start-up and
    ``SAFETY_RESIZES`` resizes), then all of them, and the policy only looks again a decision interval
-   later. The policy holds the fewest on-demand workers for which that is true, so on-demand ramps in step by step as the
-   slack is used up, instead of the single switch a one-instance job has.
+   later. The policy holds the fewest on-demand workers for which that is true, so on-demand ramps in
+   step by step as the slack is used up, instead of the single switch a one-instance job has.
 2. **Uniform Progress, generalised.** Ahead of the line: no on-demand (spot, or nothing, is the cheap way to
    spend the slack). Behind it: the fewest on-demand workers that, with the spot workers there now, train
    fast enough to finish by the deadline less the margin.
