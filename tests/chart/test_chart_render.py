@@ -487,7 +487,12 @@ def test_prices_and_deadline_values_reach_the_operators_settings(monkeypatch: py
     }
     objs = render(values)
     env = {e["name"]: e.get("value") for e in _operator_container(objs)["env"]}
-    for name in ("ETJ_PRICE_SPOT", "ETJ_PRICE_ON_DEMAND", "ETJ_PRICE_SOURCE", "ETJ_ON_DEMAND_STARTUP_SECONDS"):
+    for name in (
+        "ETJ_PRICE_SPOT",
+        "ETJ_PRICE_ON_DEMAND",
+        "ETJ_PRICE_SOURCE",
+        "ETJ_ON_DEMAND_STARTUP_SECONDS",
+    ):
         monkeypatch.setenv(name, env[name])
     settings = build_state(_operator_flags(objs)).settings
     assert (settings.prices.spot, settings.prices.on_demand) == (1.5, 4.0)
