@@ -122,11 +122,8 @@ def schedule(
     done = float(progress.samples_seen or 0) if progress else 0.0
     total = float(progress.samples_total or 0) if progress else 0.0
     running = standing.spot_running + standing.on_demand_running
-    cap = (
-        spec.replicas.max
-        if spec.deadline is None or spec.deadline.max_on_demand_workers is None
-        else (spec.deadline.max_on_demand_workers)
-    )
+    wanted_cap = spec.deadline.max_on_demand_workers if spec.deadline is not None else None
+    cap = spec.replicas.max if wanted_cap is None else wanted_cap
     if total <= 0:
         return ScheduleStatus(deadline=deadline, reason="NoProgressReported"), None
     choice = decide(
