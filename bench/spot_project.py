@@ -9,6 +9,10 @@ Prints JSON, writes it to ``--out``, a markdown table to ``--markdown`` and a ch
 
     .venv/bin/python bench/spot_project.py [--traces DIR] [--floor 2] [--spot 16] [--every 24]
         [--price-spot 7.344 --price-on-demand 24.48] [--out F.json] [--markdown F.md] [--plot F.png]
+
+With ``--deadlines 1.1,1.25,1.5`` it runs the deadline comparison instead (issue 28,
+bench/economics/deadline_report.py): every arm against deadlines at those multiples of the on-demand
+cluster's time, the job started every ``--every`` ticks.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.economics import deadline_report  # noqa: E402
 from bench.economics.accounting import Prices  # noqa: E402
 from bench.economics.simulate import (  # noqa: E402
     Cluster,
@@ -271,6 +276,32 @@ def sensitivity(job: JobModel, args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def deadlines(job: JobModel, cluster: Cluster, args: argparse.Namespace) -> int:
+    factors = [float(x) for x in args.deadlines.split(",")]
+    # The deadline arms mix on-demand into the same peak: the on-demand cluster is floor + spot nodes.
+    traces = []
+    for t in all_traces(args.traces):
+        starts = list(range(0, len(t.counts), args.every))
+        traces.append(deadline_report.trace_report(t, job, cluster, args.floor, starts, factors))
+    report: JSON = {
+        "model": "ResNet-50 / ImageNet-1k, 90 epochs, p3.16xlarge (8x V100)",
+        "cluster": {"peak": cluster.peak, "max_spot": cluster.max_spot, "etj_floor": args.floor},
+        "prices_usd_per_node_hour": {"spot": args.price_spot, "on_demand": args.price_on_demand},
+        "every_ticks": args.every,
+        "factors": factors,
+        "assumptions": {k: {"value": v, "source": s} for k, (v, s) in ASSUMPTIONS.items()},
+        "traces": traces,
+    }
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    if args.markdown:
+        args.markdown.write_text(deadline_report.markdown(report))
+    print(text)
+    return 0
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--traces", type=Path, help="the traces directory (default: ../shared/spot-traces)")
@@ -283,6 +314,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--sensitivity",
         action="store_true",
         help="print a markdown table of etj's ratios for other floors and spot prices, and stop",
+    )
+    p.add_argument(
+        "--deadlines",
+        help="comma-separated multiples of the on-demand time (e.g. 1.1,1.25,1.5): run the deadline "
+        "comparison of every arm instead of the projection",
     )
     p.add_argument("--out", type=Path)
     p.add_argument("--markdown", type=Path)
@@ -297,6 +333,8 @@ def main(argv: list[str]) -> int:
         print(sensitivity(job, args), end="")
         return 0
     cluster = Cluster(args.floor, args.spot, Prices(args.price_spot, args.price_on_demand))
+    if args.deadlines:
+        return deadlines(job, cluster, args)
     sizes = sorted({min(args.spot, k) for k in (4, 8, 12, 16)} | {args.spot})
     report: JSON = {
         "model": "ResNet-50 / ImageNet-1k, 90 epochs, p3.16xlarge (8x V100)",

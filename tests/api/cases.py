@@ -593,6 +593,32 @@ CASES: list[Case] = [
         "ETJ_LR is set by the operator",
         tags=("recipe",),
     ),
+    # Issue 28: spec.deadline is either an absolute time or a duration from the start, never both.
+    Case(
+        "deadline-both-forms",
+        _set("spec.deadline", {"finishBy": "2026-12-04T17:00:00Z", "withinSeconds": 3600}),
+        "spec.deadline",
+        "exactly one of deadline.finishBy and deadline.withinSeconds",
+    ),
+    Case(
+        "deadline-neither-form",
+        _set("spec.deadline", {"maxOnDemandWorkers": 2}),
+        "spec.deadline",
+        "exactly one of deadline.finishBy and deadline.withinSeconds",
+    ),
+    Case(
+        "deadline-too-short",
+        _set("spec.deadline", {"withinSeconds": 5}),
+        "spec.deadline.withinSeconds",
+        "greater than or equal to 60",
+        pydantic_why="greater than or equal to 60",
+    ),
+    Case(
+        "price-negative",
+        _set("spec.prices", {"spotPerHour": -1}),
+        "spec.prices.spotPerHour",
+        "greater than or equal to 0",
+    ),
     Case(
         "name-too-long",
         _set("metadata.name", "n" * 60),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ import yaml
 
 from etj_operator.api import crd
 from etj_operator.api.models import (
+    CostStatus,
     ElasticTrainingJob,
     ElasticTrainingJobStatus,
     Phase,
     Progress,
+    ScheduleStatus,
     set_condition,
 )
 from etj_testbed.localcluster.crds import wait_established
@@ -139,15 +142,33 @@ def test_status_subresource_and_printer_columns(cluster: Cluster, namespace: str
         lr_multiplier=1.0,
         progress=Progress(epoch=2, step=120, samples_seen=7680, samples_per_second=410.5, loss=0.25),
         conditions=set_condition([], "Ready", True, "Training", "3 of 4 workers joined"),
+        schedule=ScheduleStatus(
+            deadline=datetime(2026, 12, 4, 17, 0, tzinfo=UTC),
+            projected_finish=datetime(2026, 12, 4, 15, 30, tzinfo=UTC),
+            slack_seconds=-120,
+            on_demand_wanted=2,
+            reason="BehindSchedule",
+        ),
+        cost=CostStatus(usd=12.5, price_source="spec.prices"),
     )
     result = _status(cluster, namespace, "cols", status)
     assert result.returncode == 0, result.stderr
     table = cluster.kubectl("get", "etj", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "WORLD", "EPOCH", "STEP", "AGE"]
-    assert table[1].split()[:6] == ["cols", "Running", "3/4", "3", "2", "120"]
+    assert table[0].split() == [
+        "NAME",
+        "PHASE",
+        "WORKERS",
+        "WORLD",
+        "EPOCH",
+        "STEP",
+        "SLACK",
+        "FINISH",
+        "AGE",
+    ]
+    assert table[1].split()[:8] == ["cols", "Running", "3/4", "3", "2", "120", "-120", "2026-12-04T15:30:00Z"]
     wide = cluster.kubectl("get", "etj", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split()[-4:] == ["SAMPLES/S", "LOSS", "POLICY", "AGE"]
-    assert wide[1].split()[-4:-1] == ["410.5", "0.25", "FixedGlobalBatch"]
+    assert wide[0].split()[-5:] == ["SAMPLES/S", "LOSS", "POLICY", "COST", "AGE"]
+    assert wide[1].split()[-5:-1] == ["410.5", "0.25", "FixedGlobalBatch", "12.5"]
     # The category and the short name both reach the job.
     assert "cols" in cluster.kubectl("get", "training", "-n", namespace, "-o", "name").stdout
     # Status is validated too: the operator cannot write a phase the schema does not know.

@@ -79,7 +79,10 @@ def test_names_group_version_and_subresources() -> None:
 def test_printer_columns() -> None:
     cols = {c["name"]: c for c in crd.PRINTER_COLUMNS}
     always = [c["name"] for c in crd.PRINTER_COLUMNS if not c.get("priority")]
-    assert always == ["Phase", "Workers", "World", "Epoch", "Step", "Age"]
+    # Slack and Finish: where a job with spec.deadline stands against it (issue 28); empty without one.
+    assert always == ["Phase", "Workers", "World", "Epoch", "Step", "Slack", "Finish", "Age"]
+    assert cols["Slack"]["jsonPath"] == ".status.schedule.slackSeconds"
+    assert cols["Finish"]["jsonPath"] == ".status.schedule.projectedFinish"
     assert cols["Age"]["type"] == "date"
     schema = _schema()
     for col in crd.PRINTER_COLUMNS:

@@ -196,3 +196,20 @@ def test_status_parsing_tolerates_unknown_fields() -> None:
     # A newer operator may write fields this one does not know; reading them must not fail.
     status = ElasticTrainingJobStatus.model_validate({"phase": "Running", "somethingNew": 1})
     assert status.phase is Phase.RUNNING
+
+
+def test_deadline_and_prices_default_to_todays_behaviour() -> None:
+    spec = ElasticTrainingJob.model_validate(valid_job()).spec
+    assert spec.deadline is None  # no deadline: no on-demand workers added for a schedule
+    assert spec.prices.spot_per_hour is None and spec.prices.on_demand_per_hour is None
+
+
+def test_deadline_forms_parse() -> None:
+    doc = valid_job()
+    doc["spec"]["deadline"] = {"withinSeconds": 7200, "maxOnDemandWorkers": 3}
+    d = ElasticTrainingJob.model_validate(doc).spec.deadline
+    assert d is not None and (d.within_seconds, d.max_on_demand_workers, d.finish_by) == (7200, 3, None)
+    doc["spec"]["deadline"] = {"finishBy": "2026-12-04T17:00:00Z"}
+    d = ElasticTrainingJob.model_validate(doc).spec.deadline
+    assert d is not None and d.finish_by is not None and d.finish_by.hour == 17
+    assert d.to_dict() == {"finishBy": "2026-12-04T17:00:00Z"}

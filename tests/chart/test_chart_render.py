@@ -474,3 +474,27 @@ def test_install_eks_doc_helm_command_renders() -> None:
     assert pod["containers"][0]["image"].startswith(
         "123456789012.dkr.ecr.us-west-2.amazonaws.com/etj-operator:"
     )
+
+
+def test_prices_and_deadline_values_reach_the_operators_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chart prices.* / deadline.* -> ETJ_PRICE_* / ETJ_ON_DEMAND_STARTUP_SECONDS -> Settings (issue 28)."""
+    default_env = {e["name"]: e.get("value") for e in _operator_container(render({}))["env"]}
+    assert default_env["ETJ_PRICE_ON_DEMAND"] == "3.06" and default_env["ETJ_PRICE_SPOT"] == "0.918"
+    assert "p3.2xlarge" in default_env["ETJ_PRICE_SOURCE"]  # the default prices name their source
+    values = {
+        "prices": {"spotPerWorkerHour": 1.5, "onDemandPerWorkerHour": 4.0, "source": "our 2026 contract"},
+        "deadline": {"onDemandStartupSeconds": 240},
+    }
+    objs = render(values)
+    env = {e["name"]: e.get("value") for e in _operator_container(objs)["env"]}
+    for name in (
+        "ETJ_PRICE_SPOT",
+        "ETJ_PRICE_ON_DEMAND",
+        "ETJ_PRICE_SOURCE",
+        "ETJ_ON_DEMAND_STARTUP_SECONDS",
+    ):
+        monkeypatch.setenv(name, env[name])
+    settings = build_state(_operator_flags(objs)).settings
+    assert (settings.prices.spot, settings.prices.on_demand) == (1.5, 4.0)
+    assert settings.prices.source == "our 2026 contract"
+    assert settings.deadline_costs.on_demand_startup_s == 240.0

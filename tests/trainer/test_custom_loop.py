@@ -122,3 +122,16 @@ def test_the_example_is_resized_in_place_and_keeps_exactly_once(tmp_path: Path) 
     assert sorted(per_epoch) == list(range(5))
     for ids in per_epoch.values():
         assert sorted(ids) == list(range(N))
+
+
+def test_progress_reports_samples_total_for_the_deadline_policy(tmp_path: Path) -> None:
+    """samplesTotal (epochs x dataset size) goes out with samplesSeen: the operator projects the finish."""
+    from etj_trainer.job_report import progress
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(100, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (100,), generator=g)
+    with elastic.Job(100, _tiny(tmp_path, max_steps=2), stop=elastic.StopFlag()) as job:
+        _loop(job, x, y)
+        doc = progress(job)
+    assert doc["samplesTotal"] == 100 * job.config.epochs
+    assert 0 < doc["samplesSeen"] <= doc["samplesTotal"]

@@ -24,6 +24,7 @@ def test_round_trip_through_json() -> None:
         epoch=2,
         step=340,
         samples_seen=21760,
+        samples_total=64000,
         samples_per_second=812.5,
         loss=0.31,
         world_size=4,

@@ -109,6 +109,7 @@ _WIRE = {
     "epoch": "epoch",
     "step": "step",
     "samples_seen": "samplesSeen",
+    "samples_total": "samplesTotal",
     "samples_per_second": "samplesPerSecond",
     "loss": "loss",
     "world_size": "worldSize",
@@ -120,7 +121,7 @@ _WIRE = {
     "accuracy": "accuracy",
 }
 _INTS = frozenset(
-    {"epoch", "step", "samples_seen", "world_size", "per_rank_batch", "per_worker_batch"}
+    {"epoch", "step", "samples_seen", "samples_total", "world_size", "per_rank_batch", "per_worker_batch"}
     | {"accumulation_steps"}
 )
 
@@ -132,6 +133,9 @@ class ProgressDoc:
     epoch: int | None = None
     step: int | None = None
     samples_seen: int | None = None
+    # Samples the whole run trains (epochs x dataset size): with samplesSeen, how far along the job is
+    # (the operator's deadline policy projects the finish from it).
+    samples_total: int | None = None
     samples_per_second: float | None = None
     loss: float | None = None
     world_size: int | None = None  # ranks (training processes), not pods

@@ -12,6 +12,8 @@ from etj_operator.api.models import GROUP
 LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_SLOT = f"{GROUP}/slot"
+# A worker pod pinned to one capacity type (spot, on-demand) by the deadline policy; absent: unpinned.
+LABEL_CAPACITY = f"{GROUP}/capacity"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "etj-operator"
 ROLE_WORKER = "worker"

@@ -86,6 +86,7 @@ def progress(job: Job) -> dict[str, Any]:
         epoch=job.sampler.epoch,
         step=job.step,
         samples_seen=job.meta["samples_seen"],
+        samples_total=job.sampler.dataset_size * job.config.epochs,
         samples_per_second=round(job.rate, 2),
         loss=job.loss if math.isfinite(job.loss) else None,
         world_size=job.world.size,

@@ -204,6 +204,18 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Optimizer steps.",
     },
     {
+        "name": "Slack",
+        "type": "integer",
+        "jsonPath": ".status.schedule.slackSeconds",
+        "description": "Seconds ahead (+) or behind (-) the straight line to spec.deadline.",
+    },
+    {
+        "name": "Finish",
+        "type": "string",
+        "jsonPath": ".status.schedule.projectedFinish",
+        "description": "Projected finish at the current rate.",
+    },
+    {
         "name": "Samples/s",
         "type": "number",
         "jsonPath": ".status.progress.samplesPerSecond",
@@ -223,6 +235,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": ".spec.training.resizePolicy",
         "priority": 1,
         "description": "Resize policy.",
+    },
+    {
+        "name": "Cost",
+        "type": "number",
+        "jsonPath": ".status.cost.usd",
+        "priority": 1,
+        "description": "USD spent on worker pods so far.",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

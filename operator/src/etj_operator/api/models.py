@@ -56,6 +56,13 @@ from etj_operator.api.recipe import (
     ScheduleType,
     epoch_checks,
 )
+from etj_operator.api.schedule import (
+    CostStatus,
+    DeadlineSpec,
+    PricesSpec,
+    ScheduleStatus,
+    WorkersByCapacity,
+)
 from etj_operator.api.status import (
     MAX_RESIZE_HISTORY,
     Condition,
@@ -371,6 +378,15 @@ class ElasticTrainingJobSpec(ApiModel):
     checkpoint: CheckpointSpec = section(CheckpointSpec, "Checkpoint storage and interval.")
     scaling: ScalingSpec = section(ScalingSpec, "Resize timing.")
     failure_policy: FailurePolicy = section(FailurePolicy, "Failure budget.")
+    deadline: DeadlineSpec | None = Field(
+        default=None,
+        description="Finish by this time at the lowest cost: train on spot, add on-demand workers (up to "
+        "deadline.maxOnDemandWorkers) only while the job would miss it, release them first when spot "
+        "returns. Unset: no deadline, no on-demand workers added for a schedule (the behaviour without it).",
+    )
+    prices: PricesSpec = section(
+        PricesSpec, "USD per worker-hour by capacity type for status.cost; unset: the operator's defaults."
+    )
     suspend: bool = Field(
         default=False,
         description="True stops all workers (after a checkpoint) and keeps the job; false resumes.",
@@ -453,6 +469,8 @@ __all__ = [
     "Condition",
     "ConditionStatus",
     "ConditionType",
+    "CostStatus",
+    "DeadlineSpec",
     "DynamicSGDSpec",
     "ElasticTrainingJob",
     "ElasticTrainingJobSpec",
@@ -466,6 +484,7 @@ __all__ = [
     "Phase",
     "Placement",
     "Precision",
+    "PricesSpec",
     "Progress",
     "PullPolicy",
     "RendezvousPlacement",
@@ -473,6 +492,7 @@ __all__ = [
     "ResizeEvent",
     "ResizePolicy",
     "ScalingSpec",
+    "ScheduleStatus",
     "ScheduleType",
     "TaintEffect",
     "Toleration",
@@ -482,5 +502,6 @@ __all__ = [
     "Volume",
     "VolumeMount",
     "WorkerResources",
+    "WorkersByCapacity",
     "set_condition",
 ]

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from etj_operator.api._base import ApiModel, Time
+from etj_operator.api.schedule import CostStatus, ScheduleStatus, WorkersByCapacity
 
 MAX_CONDITIONS = 16
 MAX_RESIZE_HISTORY = 20
@@ -83,6 +84,9 @@ class Progress(StatusModel):
     epoch: int | None = Field(default=None, ge=0, description="Current epoch (0-based).")
     step: int | None = Field(default=None, ge=0, description="Optimizer steps completed.")
     samples_seen: int | None = Field(default=None, ge=0, description="Training samples consumed so far.")
+    samples_total: int | None = Field(
+        default=None, ge=0, description="Samples the whole run trains (epochs x dataset size)."
+    )
     samples_per_second: float | None = Field(default=None, ge=0, description="Recent training throughput.")
     loss: float | None = Field(default=None, description="Recent training loss.")
     accuracy: float | None = Field(default=None, description="Final evaluation accuracy (set at the end).")
@@ -181,6 +185,16 @@ class ElasticTrainingJobStatus(StatusModel):
     )
     start_time: Time | None = Field(default=None, description="When the first worker started training.")
     completion_time: Time | None = Field(default=None, description="When the job Succeeded or Failed.")
+    workers_by_capacity: WorkersByCapacity | None = Field(
+        default=None, description="Running workers by the capacity type of their node."
+    )
+    cost: CostStatus | None = Field(
+        default=None, description="Cost of the worker pods so far, and where the prices come from."
+    )
+    schedule: ScheduleStatus | None = Field(
+        default=None,
+        description="Projected finish and slack against spec.deadline (unset without a deadline).",
+    )
 
     def to_patch(self) -> dict[str, Any]:
         """The ``status`` body of a merge patch, camelCase, lists complete, unset fields left untouched."""

@@ -120,6 +120,7 @@ def _apply_progress(
         "epoch": doc.epoch,
         "step": doc.step,
         "samplesSeen": doc.samples_seen,
+        "samplesTotal": doc.samples_total,
         "samplesPerSecond": doc.samples_per_second,
         "loss": doc.loss,
         "accuracy": doc.accuracy,

@@ -19,7 +19,9 @@ from etj_operator.api.models import (
     ElasticTrainingJobStatus,
     Phase,
 )
+from etj_operator.decide.deadline_plan import CapacityPlan, plan_capacity
 from etj_operator.decide.job_status import StatusInputs, build_status
+from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults, add_cost
 from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.decide.workload import capacity_tolerations, rendezvous_index
 from etj_operator.observe.nodes import NodeInfo, fits
@@ -55,6 +57,9 @@ class JobView:
     # The operator's default trainer image (--default-trainer-image, the chart's trainer.image), for jobs
     # whose spec names none.
     default_image: str | None = None
+    # The operator's default prices (the chart's ``prices``) and what a change costs a job (``deadline``).
+    prices: PriceDefaults = field(default_factory=PriceDefaults)
+    deadline_costs: DeadlineCosts = field(default_factory=DeadlineCosts)
 
 
 def trainer_image(job: JobView) -> str | None:
@@ -88,6 +93,9 @@ class Observed:
 @dataclass
 class Plan:
     create_workers: list[int] = field(default_factory=list)  # slots; names are <job>-worker-<slot>
+    # Slots of new workers pinned to on-demand capacity (the deadline policy asks for them).
+    create_on_demand: list[int] = field(default_factory=list)
+    pin_spot: bool = False  # create_workers are pinned to spot (a job whose deadline policy adds on-demand)
     # Workers the job has once those of create_workers that fit on free capacity now exist: new agents wait
     # (bounded) for that many before their first rendezvous (etj_trainer/startup.py), so a job's first world
     # forms at the size already scheduled instead of 0->2->4.
@@ -144,10 +152,15 @@ class FreeCapacity:
     young_since: datetime | None = None  # earliest Ready time among nodes still inside the delay
 
 
-def free_capacity(spec: ElasticTrainingJobSpec, obs: Observed) -> FreeCapacity:
-    """One pass over the nodes (this runs on every reconcile of every job, so it stays cheap)."""
+def free_capacity(
+    spec: ElasticTrainingJobSpec, obs: Observed, types: frozenset[CapacityType] | None = None
+) -> FreeCapacity:
+    """One pass over the nodes (this runs on every reconcile of every job, so it stays cheap).
+
+    ``types``: count only nodes of these capacity types (the deadline policy asks about spot alone).
+    """
     res = spec.trainer.resources
-    allowed = set(spec.placement.capacity_types)
+    allowed = set(spec.placement.capacity_types) & (types if types is not None else set(CapacityType))
     selector = spec.placement.node_selector
     tolerations = [
         *capacity_tolerations(spec.placement.capacity_types),
@@ -237,8 +250,8 @@ def next_rendezvous_index(job: str, rdzv: Sequence[PodInfo]) -> int:
     return max(indices, default=-1) + 1
 
 
-def _free_slots(pods: Sequence[PodInfo], count: int) -> list[int]:
-    taken = {p.slot for p in pods if p.slot is not None}
+def _free_slots(pods: Sequence[PodInfo], count: int, also_taken: Sequence[int] = ()) -> list[int]:
+    taken = {p.slot for p in pods if p.slot is not None} | set(also_taken)
     out: list[int] = []
     slot = 0
     while len(out) < count:
@@ -339,8 +352,14 @@ def plan(job: JobView, obs: Observed) -> Plan:
     # Finishing (workers exited 0, the final report not read yet): nothing new starts, nothing is stopped.
     creatable = stop_reason is None and out.trainer_image is not None and not finish.awaiting_report
     lazy = _LazyCapacity(spec, obs)
+    capacity = _deadline_step(job, obs, out, survivors, stop_reason is None and not finish.awaiting_report)
+    gone = {d.pod for d in out.drains}
+    survivors = [p for p in survivors if p.name not in gone]
     if creatable:
-        out.create_workers = _free_slots(workers, _workers_to_add(job, obs, out, len(survivors), lazy))
+        out.create_on_demand = _free_slots(workers, capacity.add_on_demand)
+        out.pin_spot = capacity.pin_spot
+        adding = _workers_to_add(job, obs, out, len(survivors) + len(out.create_on_demand), lazy)
+        out.create_workers = _free_slots(workers, adding, out.create_on_demand)
         if out.create_workers:
             # Only pods with room now: one waiting for the autoscaler must not hold the first world back.
             placeable = min(len(out.create_workers), lazy.get().total)
@@ -393,6 +412,7 @@ def plan(job: JobView, obs: Observed) -> Plan:
     )
     # The Progressing deadline needs no timer of its own: the resync (--resync-seconds) re-plans anyway.
     out.status, out.events = build_status(inputs)
+    _schedule_status(job, out, capacity, now)
     if finish.report_missing and prev.phase != Phase.SUCCEEDED:
         out.events.append(KubeEvent("Warning", FINAL_REPORT_MISSING, finish.report_missing))
     if terminal and spec.ttl_seconds_after_finished is not None and out.status.completion_time is not None:
@@ -405,6 +425,70 @@ def plan(job: JobView, obs: Observed) -> Plan:
 
 
 FINAL_REPORT_MISSING = "FinalReportMissing"
+# Cost and projection are refreshed at most this often unless the workers change: every write is a status
+# patch, and one per reconcile would be a write per event for nothing.
+STATUS_REFRESH = timedelta(seconds=60)
+
+
+def _deadline_step(
+    job: JobView, obs: Observed, out: Plan, survivors: Sequence[PodInfo], acting: bool
+) -> CapacityPlan:
+    """The deadline policy's pod changes (decide/deadline_plan.py); drains are appended to ``out``."""
+    spec = job.spec
+    spot_free = (
+        free_capacity(spec, obs, frozenset({CapacityType.SPOT})).total if spec.deadline is not None else 0
+    )
+    cap = plan_capacity(spec, job.status, survivors, obs.nodes, spot_free, job.deadline_costs, obs.now)
+    if not acting:
+        return CapacityPlan(pin_spot=cap.pin_spot, schedule=cap.schedule, workers=cap.workers)
+    why = cap.decision.why if cap.decision is not None else ""
+    for pod in cap.release:
+        out.drains.append(
+            Drain(
+                pod.name,
+                Reason.ON_DEMAND_RELEASED,
+                f"on-demand worker {pod.name} released first ({why})",
+                pod.node,
+            )
+        )
+    for pod in cap.give_way:
+        out.drains.append(
+            Drain(pod.name, Reason.REPLACED_BY_ON_DEMAND, f"pending spot worker {pod.name} gives way ({why})")
+        )
+    return cap
+
+
+def _schedule_status(job: JobView, out: Plan, capacity: CapacityPlan, now: datetime) -> None:
+    """status.workersByCapacity, cost and schedule; cost and projection at most every STATUS_REFRESH."""
+    prev = job.status
+    st = out.status
+    st.workers_by_capacity = capacity.workers
+    if capacity.add_on_demand or capacity.release:
+        why = capacity.decision.why if capacity.decision is not None else ""
+        slack = capacity.schedule.slack_seconds if capacity.schedule is not None else None
+        out.events.append(
+            KubeEvent(
+                "Normal",
+                "DeadlinePolicy",
+                f"on-demand workers: +{capacity.add_on_demand} -{len(capacity.release)} "
+                f"({why}, slack {slack} s)",
+            )
+        )
+    stale = (
+        prev.cost is None or prev.cost.update_time is None or now - prev.cost.update_time >= STATUS_REFRESH
+    )
+    changed = prev.workers_by_capacity != capacity.workers
+    if stale or changed:
+        st.cost = add_cost(prev.cost, prev.workers_by_capacity or capacity.workers, job.spec, job.prices, now)
+        st.schedule = capacity.schedule
+    else:
+        st.cost = prev.cost
+        keep = prev.schedule
+        new = capacity.schedule
+        decided = new is not None and (
+            keep is None or (keep.on_demand_wanted, keep.reason) != (new.on_demand_wanted, new.reason)
+        )
+        st.schedule = new if decided else keep
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from etj_operator.api.models import (
     TrainingSpec,
 )
 from etj_operator.constants import (
+    LABEL_CAPACITY,
     LABEL_CAPACITY_OVERRIDE,
     LABEL_JOB,
     LABEL_MANAGED_BY,
@@ -157,7 +158,28 @@ def _capacity_terms(ctype: CapacityType) -> list[list[dict[str, Any]]]:
     return terms
 
 
-def capacity_affinity(types: Iterable[CapacityType], user: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def pinned_terms(ctype: CapacityType) -> list[list[dict[str, Any]]]:
+    """Terms that pin a pod to one capacity type in a form autoscalers provision for.
+
+    On-demand leads with the positive labels of Karpenter (``karpenter.sh/capacity-type: on-demand``) and
+    of EKS managed node groups (``eks.amazonaws.com/capacityType: ON_DEMAND``): a pending pod that requires
+    them is what makes Karpenter, or the cluster autoscaler scaling an on-demand node group, start a node.
+    The general terms (the override label; "not spot by any convention") follow, so other clouds and
+    unlabelled on-demand nodes still take the pod.
+    """
+    if ctype == CapacityType.SPOT:
+        return _capacity_terms(ctype)
+    no_override = {"key": LABEL_CAPACITY_OVERRIDE, "operator": "DoesNotExist"}
+    return [
+        [no_override, {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}],
+        [no_override, {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["ON_DEMAND"]}],
+        *_capacity_terms(ctype),
+    ]
+
+
+def capacity_affinity(
+    types: Iterable[CapacityType], user: Mapping[str, Any] | None = None, *, pin: CapacityType | None = None
+) -> dict[str, Any]:
     """Node affinity for the allowed capacity types, merged with the user's affinity.
 
     One allowed type → a required rule. Both → no requirement, but a preference for the first listed
@@ -172,7 +194,9 @@ def capacity_affinity(types: Iterable[CapacityType], user: Mapping[str, Any] | N
         (user_node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or []
     )
     ours: list[list[dict[str, Any]]] = []
-    if len(allowed) == 1:
+    if pin is not None:
+        ours = pinned_terms(pin)
+    elif len(allowed) == 1:
         ours = _capacity_terms(allowed[0])
     elif allowed:
         preferred += [
@@ -389,10 +413,13 @@ def worker_pod(
     grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS,
     image: str | None = None,
     startup_workers: int = 1,
+    capacity: CapacityType | None = None,
 ) -> dict[str, Any]:
     """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image).
 
     ``startup_workers``: the job's workers once this pod's batch exists (the plan's ``startup_workers``).
+    ``capacity``: pin the pod to that capacity type (the deadline policy's spot and on-demand workers),
+    labelled ``etj.dev/capacity`` so the planner knows which of its workers to release first.
     """
     name = worker_name(job, slot)
     placement = spec.placement
@@ -420,6 +447,9 @@ def worker_pod(
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod_labels = {**labels(job, ROLE_WORKER), LABEL_SLOT: str(slot)}
+    if capacity is not None:
+        pod_labels[LABEL_CAPACITY] = capacity.value
+    types = [capacity] if capacity is not None else list(placement.capacity_types)
     pod_spec: dict[str, Any] = {
         # Never: a crashed worker is replaced by the operator, which counts it against the budget.
         "restartPolicy": "Never",
@@ -430,13 +460,13 @@ def worker_pod(
         "containers": [container],
         "volumes": volumes,
         "tolerations": [
-            *capacity_tolerations(placement.capacity_types),
+            *capacity_tolerations(types),
             *(t.to_dict() for t in placement.tolerations),
         ],
     }
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(placement.node_selector)
-    affinity = capacity_affinity(placement.capacity_types, placement.affinity)
+    affinity = capacity_affinity(types, placement.affinity, pin=capacity)
     if affinity:
         pod_spec["affinity"] = affinity
     return _pod(name, namespace, pod_labels, owner_reference(job, uid), pod_spec)

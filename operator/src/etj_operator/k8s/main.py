@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import kopf
 
 from etj_operator.api.models import CapacityType
+from etj_operator.api.schedule import DEFAULT_PRICE_ON_DEMAND, DEFAULT_PRICE_SOURCE, DEFAULT_PRICE_SPOT
+from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
 from etj_operator.decide.workload import DEFAULT_WORKER_GRACE_SECONDS
 from etj_operator.k8s import handlers
 from etj_operator.k8s.metrics import serve
@@ -54,6 +56,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="IMAGE",
         help="image of jobs without spec.trainer.image (default: $ETJ_DEFAULT_TRAINER_IMAGE, which the "
         "chart sets from trainer.image); without one such jobs wait with Ready=False/NoTrainerImage",
+    )
+    p.add_argument(
+        "--price-spot",
+        type=float,
+        default=_env_float("ETJ_PRICE_SPOT", DEFAULT_PRICE_SPOT),
+        help="USD per spot worker-hour for status.cost when a job's spec.prices gives none "
+        "($ETJ_PRICE_SPOT; the chart's prices.spotPerWorkerHour)",
+    )
+    p.add_argument(
+        "--price-on-demand",
+        type=float,
+        default=_env_float("ETJ_PRICE_ON_DEMAND", DEFAULT_PRICE_ON_DEMAND),
+        help="USD per on-demand worker-hour ($ETJ_PRICE_ON_DEMAND; the chart's prices.onDemandPerWorkerHour)",
+    )
+    p.add_argument(
+        "--price-source",
+        default=os.environ.get("ETJ_PRICE_SOURCE") or DEFAULT_PRICE_SOURCE,
+        help="where the default prices come from, shown in status.cost.priceSource ($ETJ_PRICE_SOURCE)",
+    )
+    p.add_argument(
+        "--on-demand-startup-seconds",
+        type=float,
+        default=_env_float("ETJ_ON_DEMAND_STARTUP_SECONDS", DeadlineCosts().on_demand_startup_s),
+        help="deadline policy: seconds from asking for an on-demand worker to it training (node start-up)",
     )
     p.add_argument(
         "--default-capacity-type",
@@ -124,6 +150,14 @@ def _pairs(raw: list[str], flag: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        return float(raw) if raw else default
+    except ValueError as err:
+        raise SystemExit(f"{name}={raw!r} is not a number") from err
+
+
 def build_state(args: argparse.Namespace) -> handlers.State:
     key = os.environ.get(TOKEN_KEY_ENV, "")
     if not key:
@@ -141,6 +175,10 @@ def build_state(args: argparse.Namespace) -> handlers.State:
         network_policy=args.network_policy,
         operator_namespace=args.operator_namespace,
         operator_pod_labels=_pairs(args.operator_pod_label, "--operator-pod-label"),
+        prices=PriceDefaults(args.price_spot, args.price_on_demand, args.price_source),
+        deadline_costs=DeadlineCosts(
+            on_demand_startup_s=args.on_demand_startup_seconds, decision_interval_s=args.resync_seconds
+        ),
     )
     if key:
         settings.token_key = key.encode()

@@ -29,10 +29,11 @@ from pydantic import ValidationError
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_contract.replicas import Replicas
-from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobStatus
+from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
 from etj_operator.decide import dataplane, workload
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
+from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
 from etj_operator.observe.nodes import NodeInfo
@@ -64,6 +65,9 @@ class Settings:
     # cluster or unknown; that rule then admits every source and the token alone guards the port).
     operator_namespace: str | None = None
     operator_pod_labels: tuple[tuple[str, str], ...] = ()
+    # Default prices for status.cost (the chart's ``prices``) and the deadline policy's cost of a change.
+    prices: PriceDefaults = field(default_factory=PriceDefaults)
+    deadline_costs: DeadlineCosts = field(default_factory=DeadlineCosts)
 
 
 class World(Protocol):
@@ -174,6 +178,8 @@ class JobRunner:
             spec,
             status,
             default_image=self.settings.default_trainer_image,
+            prices=self.settings.prices,
+            deadline_costs=self.settings.deadline_costs,
         )
 
     async def reconcile(self) -> Plan | None:
@@ -248,7 +254,9 @@ class JobRunner:
                 index=result.rendezvous_index,
             )
             creates.append(self._create(store, ROLE_RENDEZVOUS, None))
-        for slot in result.create_workers:
+        pinned = [(s, CapacityType.SPOT if result.pin_spot else None) for s in result.create_workers]
+        pinned += [(s, CapacityType.ON_DEMAND) for s in result.create_on_demand]
+        for slot, capacity in pinned:
             body = workload.worker_pod(
                 job.spec,
                 job=job.name,
@@ -258,6 +266,7 @@ class JobRunner:
                 grace_seconds=self.settings.worker_grace_seconds,
                 image=result.trainer_image,
                 startup_workers=result.startup_workers,
+                capacity=capacity,
             )
             creates.append(self._create(body, ROLE_WORKER, slot))
         return _rejections(await asyncio.gather(*creates, return_exceptions=True))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from etj_operator.constants import LABEL_JOB, LABEL_ROLE, LABEL_SLOT
+from etj_operator.constants import LABEL_CAPACITY, LABEL_JOB, LABEL_ROLE, LABEL_SLOT
 from etj_operator.observe.signals import Signal, pod_signal
 from etj_operator.quantity import MILLI_RESOURCES, parse_count, parse_milli
 from etj_operator.timeutil import parse_time
@@ -40,6 +40,7 @@ class PodInfo:
     last_line: str | None = None
     requests: Mapping[str, int] = field(default_factory=dict)
     owner_uid: str = ""  # uid of the controlling ElasticTrainingJob
+    pinned: str | None = None  # the capacity type the pod is pinned to (etj.dev/capacity), if any
 
     @property
     def active(self) -> bool:
@@ -95,6 +96,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         job=labels.get(LABEL_JOB, ""),
         role=labels.get(LABEL_ROLE, ""),
         slot=int(slot_raw) if slot_raw and slot_raw.isdigit() else None,
+        pinned=labels.get(LABEL_CAPACITY) or None,
         uid=meta.get("uid", ""),
         phase=status.get("phase") or "Pending",
         node=spec.get("nodeName") or None,

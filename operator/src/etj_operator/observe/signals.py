@@ -37,6 +37,10 @@ class Reason(StrEnum):
     SUSPENDED = "Suspended"
     FINISHED = "JobFinished"
     FAILED = "JobFailed"
+    # The deadline policy (decide/deadline.py): on-demand workers leave first when spot returns or the job
+    # is ahead; pending spot pods give way to the on-demand workers it asks for.
+    ON_DEMAND_RELEASED = "OnDemandReleased"
+    REPLACED_BY_ON_DEMAND = "ReplacedByOnDemand"
 
 
 # Taint key → reason, in priority order: when a node carries several, the first one names the drain.

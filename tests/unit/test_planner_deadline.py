@@ -1,0 +1,222 @@
+"""The planner with spec.deadline, as named tables of cases: observation in, on-demand pods and drains out.
+
+The job: 1..4 one-GPU workers, 3,600,000 samples, started an hour before NOW; the trainer measured
+250 samples/s per worker. Margin of the policy: 180 s on-demand start-up + 30 s resize + 30 s interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus
+from etj_operator.constants import LABEL_CAPACITY
+from etj_operator.decide import workload
+from etj_operator.decide.planner import JobView, Observed, plan
+from etj_operator.decide.schedule import PriceDefaults
+from etj_operator.observe.pods import PodInfo
+from etj_operator.observe.signals import Reason
+from tests.unit.factories import NOW, cluster, job, node, observe, spec, started, store, worker
+
+TOTAL = 3_600_000
+
+
+def deadline_spec(within: int = 6600, **deadline: Any) -> Any:
+    return spec(deadline={"withinSeconds": within, **deadline})
+
+
+def progress(done: int, running: int) -> ElasticTrainingJobStatus:
+    """An hour in, ``done`` samples, ``running`` workers measured at 250 samples/s each."""
+    return started(
+        running,
+        progress={
+            "step": 100,
+            "samplesSeen": done,
+            "samplesTotal": TOTAL,
+            "samplesPerSecond": 250.0 * running,
+        },
+    )
+
+
+def od_node(i: int) -> Any:
+    return node(f"od-gpu-{i}", CapacityType.ON_DEMAND)
+
+
+SPOT_PINNED = {"pinned": "spot"}
+OD_PINNED = {"pinned": "on-demand"}
+# Two spot workers train; two more spot pods wait for nodes that never came.
+TWO_SPOT_TWO_WAITING = [
+    worker(0, "spot-0", **SPOT_PINNED),
+    worker(1, "spot-1", **SPOT_PINNED),
+    worker(2, **SPOT_PINNED),
+    worker(3, **SPOT_PINNED),
+    store(),
+]
+# Two spot workers and two on-demand workers train.
+MIXED = [
+    worker(0, "spot-0", **SPOT_PINNED),
+    worker(1, "spot-1", **SPOT_PINNED),
+    worker(2, "od-gpu-0", **OD_PINNED),
+    worker(3, "od-gpu-1", **OD_PINNED),
+    store(),
+]
+ONE_HOUR_IN_THIRD_DONE = 1_000_000  # 600 s behind a 3-hour line; 3,000 s left with withinSeconds 6600
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    job: JobView
+    obs: Observed
+    on_demand_created: int
+    drains: list[tuple[str, Reason]]
+    pin_spot: bool
+    reason: str | None  # status.schedule.reason (None: no schedule)
+
+
+CASES = [
+    # 2,600,000 samples in 2,760 s usable need 942/s: 2 spot (500/s) + 2 on-demand (1,000/s). The two
+    # waiting spot pods give way to them.
+    Case(
+        "behind with spot gone: pending spot gives way to on-demand workers",
+        job(deadline_spec(), progress(ONE_HOUR_IN_THIRD_DONE, 2)),
+        observe(cluster(spot=2), TWO_SPOT_TWO_WAITING),
+        on_demand_created=2,
+        drains=[
+            ("train-worker-3", Reason.REPLACED_BY_ON_DEMAND),
+            ("train-worker-2", Reason.REPLACED_BY_ON_DEMAND),
+        ],
+        pin_spot=True,
+        reason="BehindSchedule",
+    ),
+    # 2,000,000 done an hour into a 3-hour deadline: 2,400 s ahead; spot-2 and spot-3 are free again.
+    Case(
+        "spot returns and the job is ahead: on-demand workers leave first",
+        job(deadline_spec(within=10_800), progress(2_000_000, 4)),
+        observe([*cluster(spot=4), od_node(0), od_node(1)], MIXED),
+        on_demand_created=0,
+        drains=[("train-worker-3", Reason.ON_DEMAND_RELEASED), ("train-worker-2", Reason.ON_DEMAND_RELEASED)],
+        pin_spot=True,
+        reason="AheadOfSchedule",
+    ),
+    # Ahead by 100 s only (< margin + a resize) and no spot to replace them: keep them (no thrash).
+    Case(
+        "ahead by less than the margin, no spot to take over: on-demand stays",
+        job(deadline_spec(within=10_800), progress(1_233_334, 4)),
+        observe([*cluster(spot=2), od_node(0), od_node(1)], MIXED),
+        on_demand_created=0,
+        drains=[],
+        pin_spot=True,
+        reason="HoldToAvoidThrash",
+    ),
+    # Spot fills the world (4 running) but only 1,000 s are left for 2,600,000 samples: the policy wants
+    # every on-demand worker, but no running spot worker is drained for one that would start 180 s later.
+    Case(
+        "deadline out of reach with spot filling the world: running spot is not displaced",
+        job(deadline_spec(within=4600), progress(ONE_HOUR_IN_THIRD_DONE, 4)),
+        observe(cluster(spot=4), [*(worker(i, f"spot-{i}", **SPOT_PINNED) for i in range(4)), store()]),
+        on_demand_created=0,
+        drains=[],
+        pin_spot=True,
+        reason="DeadlineUnreachable",
+    ),
+    Case(
+        "no deadline: today's behaviour, nothing pinned, no schedule",
+        job(spec(), progress(ONE_HOUR_IN_THIRD_DONE, 2)),
+        observe(cluster(spot=2), TWO_SPOT_TWO_WAITING),
+        on_demand_created=0,
+        drains=[],
+        pin_spot=False,
+        reason=None,
+    ),
+    Case(
+        "maxOnDemandWorkers 0: the deadline is reported, nothing added",
+        job(deadline_spec(maxOnDemandWorkers=0), progress(ONE_HOUR_IN_THIRD_DONE, 2)),
+        observe(cluster(spot=2), TWO_SPOT_TWO_WAITING),
+        on_demand_created=0,
+        drains=[],
+        pin_spot=False,
+        reason="OnDemandDisabled",
+    ),
+    Case(
+        "no samplesTotal reported yet: nothing decided",
+        job(deadline_spec(), started(2, progress={"step": 5, "samplesSeen": 10})),
+        observe(cluster(spot=2), TWO_SPOT_TWO_WAITING),
+        on_demand_created=0,
+        drains=[],
+        pin_spot=True,
+        reason="NoProgressReported",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_plan_with_deadline(case: Case) -> None:
+    p = plan(case.job, case.obs)
+    assert len(p.create_on_demand) == case.on_demand_created, p.create_on_demand
+    assert [(d.pod, d.reason) for d in p.drains if d.role == "worker"] == case.drains
+    assert p.pin_spot == case.pin_spot
+    sched = p.status.schedule
+    assert (sched.reason if sched else None) == case.reason, sched
+    # Slots never collide: new on-demand pods take slots no pod (even a draining one) holds.
+    held = {pod.slot for pod in case.obs.pods if pod.slot is not None}
+    assert not held & set(p.create_on_demand) and not set(p.create_workers) & set(p.create_on_demand)
+
+
+def test_on_demand_workers_are_counted_and_reported() -> None:
+    p = plan(
+        job(deadline_spec(within=10_800), progress(1_233_334, 4)),
+        observe([*cluster(spot=2), od_node(0), od_node(1)], MIXED),
+    )
+    wbc = p.status.workers_by_capacity
+    assert wbc is not None and (wbc.spot, wbc.on_demand) == (2, 2)
+    sched = p.status.schedule
+    assert sched is not None and sched.slack_seconds == 100 and sched.projected_finish is not None
+    assert sched.deadline == NOW - timedelta(hours=1) + timedelta(seconds=10_800)
+
+
+def test_cost_adds_up_the_workers_since_the_last_update() -> None:
+    """Two spot workers for two minutes at the default spot price; the source is named."""
+    st = progress(1_233_334, 2)
+    body = st.model_dump(by_alias=True, mode="json", exclude_none=True)
+    body["workersByCapacity"] = {"spot": 2, "onDemand": 0}
+    body["cost"] = {"usd": 1.0, "updateTime": (NOW - timedelta(seconds=120)).isoformat(), "priceSource": "x"}
+    prev = ElasticTrainingJobStatus.model_validate(body)
+    p = plan(job(spec(), prev), observe(cluster(spot=2), [worker(0, "spot-0"), worker(1, "spot-1"), store()]))
+    cost = p.status.cost
+    defaults = PriceDefaults()
+    assert cost is not None and cost.usd == pytest.approx(1.0 + 2 * defaults.spot * 120 / 3600, abs=1e-4)
+    assert cost.spot_worker_seconds == 240 and cost.price_source == defaults.source
+
+
+def test_on_demand_pod_is_pinned_where_autoscalers_provision() -> None:
+    body = workload.worker_pod(
+        deadline_spec(), job="train", namespace="ns", uid="u", slot=5, capacity=CapacityType.ON_DEMAND
+    )
+    assert body["metadata"]["labels"][LABEL_CAPACITY] == "on-demand"
+    terms = body["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    exprs = [e for t in terms for e in t["matchExpressions"] if e["operator"] == "In"]
+    assert {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]} in exprs
+    assert {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["ON_DEMAND"]} in exprs
+    assert terms[0]["matchExpressions"][1]["key"] == "karpenter.sh/capacity-type"  # Karpenter's term first
+    assert not any("spot" in str(t.get("key", "")) for t in body["spec"]["tolerations"])
+    spot = workload.worker_pod(
+        deadline_spec(), job="train", namespace="ns", uid="u", slot=0, capacity=CapacityType.SPOT
+    )
+    assert spot["metadata"]["labels"][LABEL_CAPACITY] == "spot"
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in spot["spec"]["affinity"]["nodeAffinity"]
+
+
+def test_pinned_label_round_trips_through_pod_info() -> None:
+    from etj_operator.observe.pods import pod_info
+
+    body = workload.worker_pod(
+        deadline_spec(), job="train", namespace="ns", uid="u", slot=5, capacity=CapacityType.ON_DEMAND
+    )
+    info: PodInfo = pod_info(body)
+    assert info.pinned == "on-demand" and info.slot == 5
