@@ -478,7 +478,8 @@ tools_env() {
   export PATH="$K8S_BIN:$PATH"
 }
 # helm install of charts/etj with the local operator image (never pulled), into a namespace that enforces
-# Pod Security "restricted", as the e2e-kind workflow does.
+# Pod Security "restricted", as the e2e-kind workflow does. The image's tag stays "dev" across rebuilds, so
+# its id goes into a pod annotation: a rebuilt operator image rolls the deployment.
 install_chart() {
   local repo=${OPERATOR_IMAGE%:*} tag=${OPERATOR_IMAGE##*:} t0=$SECONDS
   kubectl get namespace "$RELEASE_NAMESPACE" >/dev/null 2>&1 || kubectl create namespace "$RELEASE_NAMESPACE" >&2
@@ -486,7 +487,9 @@ install_chart() {
   step "helm upgrade --install $RELEASE charts/etj (image $OPERATOR_IMAGE, pullPolicy Never, trainer $TRAINER_IMAGE)"
   helm upgrade --install "$RELEASE" "$ROOT/charts/etj" --namespace "$RELEASE_NAMESPACE" \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=Never \
-    --set trainer.image="$TRAINER_IMAGE" --values "$KIND_DIR/operator-values.yaml" --wait --timeout 5m >&2
+    --set trainer.image="$TRAINER_IMAGE" --values "$KIND_DIR/operator-values.yaml" \
+    --set-string podAnnotations.etj\\.dev/image-id="$(docker image inspect -f '{{.Id}}' "$OPERATOR_IMAGE" | cut -c8-19)" \
+    --wait --timeout 5m >&2
   kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
   kubectl -n "$RELEASE_NAMESPACE" get pods -o wide >&2
   step "helm install ... $((SECONDS - t0)) s"
