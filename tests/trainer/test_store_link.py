@@ -142,19 +142,16 @@ def test_shutdown_on_a_lost_store_is_not_an_error() -> None:
 
 
 def test_a_lost_store_leaves_the_environments_bounds() -> None:
-    """kubectl scale's bounds are read from the store (bounds.py); a store that is gone must neither fail
-    rank 0's admission nor hold the agent's rendezvous for long: the environment's bounds apply."""
-    import torch.distributed as dist
+    """kubectl scale's bounds are read from the store pod (bounds.py); a store that is gone must neither
+    fail rank 0's admission nor hold the agent's rendezvous for long: the environment's bounds apply."""
+    import time
 
     from etj_trainer import bounds
     from etj_trainer.local_launcher import free_port
 
-    class Gone:
-        def check(self, keys: list[str]) -> bool:
-            raise dist.DistStoreError("Connection reset by peer")
-
-        def get(self, key: str) -> bytes:
-            raise AssertionError("not reached")
-
-    assert bounds.max_workers(Gone(), 3) == 3
-    assert bounds.read_from(f"127.0.0.1:{free_port()}") is None  # nobody listens there
+    gone = f"http://127.0.0.1:{free_port()}/progress"  # nobody listens there
+    started = time.monotonic()
+    assert bounds.max_workers(gone, 3) == 3
+    assert bounds.read_from(gone) is None
+    assert bounds.read_from("") is None  # no store pod at all (a single process)
+    assert time.monotonic() - started < 2 * bounds.READ_TIMEOUT_S

@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -114,6 +114,8 @@ class AgentConfig:
     # The address other workers reach this pod at (the pod IP, from the downward API). torch elastic
     # otherwise publishes socket.getfqdn(): a pod's hostname, which other pods cannot resolve.
     local_addr: str = ""
+    # The job's token (its Secret): seals the rendezvous state on the store (sealed_rendezvous.py).
+    token: str = field(default="", repr=False)  # never in a log line
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -130,6 +132,7 @@ class AgentConfig:
             worker_id=etj_env.WORKER_ID.get(e, ""),
             grace_seconds=etj_env.TERMINATION_GRACE_SECONDS.read(e),
             local_addr=e.get("POD_IP", ""),
+            token=etj_env.PROGRESS_TOKEN.get(e, ""),
         )
         cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
         cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)
@@ -339,7 +342,9 @@ def patch_rendezvous_poll(interval: float) -> bool:
 
 
 def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
-    """torch's c10d DynamicRendezvousHandler, built directly so ``last_call`` can be sub-second.
+    """torch's DynamicRendezvousHandler on the job's store, built directly so ``last_call`` can be
+    sub-second and so its state is sealed with the job's token (sealed_rendezvous.py: torch's own c10d
+    backend unpickles whatever any client of the store wrote).
 
     Returns the handler and its store client (the start-up wait counts agents on it).
     """
@@ -349,11 +354,16 @@ def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
         RendezvousTimeout,
     )
 
-    backend, store = create_backend(cfg.rendezvous_parameters())
+    from etj_trainer.sealed_rendezvous import SealedC10dBackend
+
+    if not cfg.token:
+        log.warning("no %s: the rendezvous state is not authenticated", etj_env.PROGRESS_TOKEN.name)
+    # torch's store client (its timeouts, is_host=false); torch's backend object is not used
+    _, store = create_backend(cfg.rendezvous_parameters())
     handler = DynamicRendezvousHandler.from_backend(
         cfg.run_id,
         store,
-        backend,
+        SealedC10dBackend(store, cfg.run_id, cfg.token),
         cfg.min_nodes,
         cfg.max_nodes,
         timeout=RendezvousTimeout(
@@ -460,7 +470,6 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     from etj_trainer import bounds
     from etj_trainer.join import door_open
@@ -494,12 +503,10 @@ def run_agent(cfg: AgentConfig) -> int:
                 first, min(cfg.startup_workers, cfg.max_nodes), cfg.min_nodes, cfg.startup_wait_s
             )
     else:
-        first = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
+        first, _ = make_rendezvous_handler(cfg)
     # Store loss is waited out, never an agent failure (store_link.py): later handlers are built the same way.
     handler = ReconnectingRendezvous(
-        (lambda: make_rendezvous_handler(cfg)[0])
-        if warmup is not None
-        else (lambda: rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())),
+        lambda: make_rendezvous_handler(cfg)[0],
         cfg.endpoint,
         join_timeout=cfg.join_timeout,
         first=first,
@@ -520,7 +527,7 @@ def run_agent(cfg: AgentConfig) -> int:
             while True:
                 # `kubectl scale` since this agent started (bounds.py): every node of a round must agree
                 # on the maximum that completes it
-                job = bounds.read_from(cfg.endpoint)
+                job = bounds.read_from(cfg.progress_url)
                 if job is not None:
                     bounds.set_rendezvous_nodes(handler.inner, max_nodes=job.max)
                 try:
