@@ -155,3 +155,39 @@ def test_a_lost_store_leaves_the_environments_bounds() -> None:
     assert bounds.read_from(gone) is None
     assert bounds.read_from("") is None  # no store pod at all (a single process)
     assert time.monotonic() - started < 2 * bounds.READ_TIMEOUT_S
+
+
+def test_the_first_handler_waits_for_a_store_that_starts_late() -> None:
+    """build_when_store_answers: no store, then a store that listens but cannot serve yet, then one that
+    does; past the start-up bound the wait ends (StoreNeverAnswered), never with a torch store error."""
+    from etj_trainer.store_link import StoreNeverAnswered, build_when_store_answers
+
+    now = [0.0]
+    probes = iter([False, False, True, True])
+    builds = iter([RendezvousConnectionError("not serving yet"), "handler"])
+
+    def answers(_: str) -> bool:
+        now[0] += 10.0
+        return next(probes)
+
+    def build() -> Any:
+        b = next(builds)
+        if isinstance(b, Exception):
+            raise b
+        return b
+
+    got = build_when_store_answers(
+        build, "store:29400", within_s=100.0, probe_interval=0.0, clock=lambda: now[0], answers=answers
+    )
+    assert got == "handler" and now[0] == 40.0
+
+    def never(_: str) -> bool:
+        now[0] += 10.0
+        return False
+
+    now[0] = 0.0
+    with pytest.raises(StoreNeverAnswered):
+        build_when_store_answers(
+            build, "store:29400", within_s=25.0, probe_interval=0.0, clock=lambda: now[0], answers=never
+        )
+    assert now[0] == 30.0  # gave up at the first probe past the bound

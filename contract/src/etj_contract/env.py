@@ -90,6 +90,13 @@ STARTUP_WORKERS = _var(
     " before its first rendezvous, so the first world forms at that size, not 0->2->4",
     set_by=OP,
 )
+STORE_WAIT_SECONDS = _var(
+    "STORE_WAIT_SECONDS",
+    float,
+    "how long an agent waits for the job's rendezvous store to answer before its first rendezvous"
+    " (spec.failurePolicy.startupDeadlineSeconds): a store that starts late is waited for, not a failure",
+    set_by=OP,
+)
 NPROC_PER_WORKER = _var(
     "NPROC_PER_WORKER",
     int,

@@ -111,6 +111,8 @@ class AgentConfig:
     worker_id: str = ""
     startup_workers: int = 0  # wait for this many agents before the first rendezvous (startup.py)
     startup_wait_s: float = 60.0
+    # How long to wait for the job's store to answer at start-up (the job's start-up deadline).
+    store_wait_s: float = 1800.0
     # The address other workers reach this pod at (the pod IP, from the downward API). torch elastic
     # otherwise publishes socket.getfqdn(): a pod's hostname, which other pods cannot resolve.
     local_addr: str = ""
@@ -139,6 +141,7 @@ class AgentConfig:
         cfg.keep_alive_interval = etj_env.KEEP_ALIVE_INTERVAL.get(e, cfg.keep_alive_interval)
         cfg.startup_workers = etj_env.STARTUP_WORKERS.get(e, cfg.startup_workers)
         cfg.startup_wait_s = etj_env.STARTUP_WAIT_SECONDS.get(e, cfg.startup_wait_s)
+        cfg.store_wait_s = etj_env.STORE_WAIT_SECONDS.get(e, cfg.store_wait_s)
         return cfg
 
     @property
@@ -474,14 +477,34 @@ def run_agent(cfg: AgentConfig) -> int:
     from etj_trainer import bounds
     from etj_trainer.join import door_open
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
-    from etj_trainer.store_link import STORE_ERRORS, ReconnectingRendezvous
+    from etj_trainer.store_link import (
+        STORE_ERRORS,
+        ReconnectingRendezvous,
+        StoreNeverAnswered,
+        build_when_store_answers,
+    )
+
+    def first_handler() -> tuple[Any, Any] | None:
+        """The first handler and its store client; None when the store never answered (bounded by the
+        job's start-up deadline): a store that starts after this agent is waited for, never an exit 1."""
+        try:
+            built: tuple[Any, Any] = build_when_store_answers(
+                lambda: make_rendezvous_handler(cfg), cfg.endpoint, cfg.store_wait_s
+            )
+            return built
+        except StoreNeverAnswered as e:
+            print(f"etj-train worker: {e}: past the job's start-up deadline", file=sys.stderr, flush=True)
+            return None
 
     start_method = "spawn"
     if warmup is not None:
         warmup.join()  # join the rendezvous only when a worker can start with a fork
         start_method = "forkserver"
         patch_rendezvous_poll(cfg.rdzv_poll_interval)
-        first, store = make_rendezvous_handler(cfg)
+        built = first_handler()
+        if built is None:
+            return 1
+        first, store = built
         if cfg.startup_workers > 1:
             from etj_trainer.startup import wait_for_startup_peers
 
@@ -503,7 +526,10 @@ def run_agent(cfg: AgentConfig) -> int:
                 first, min(cfg.startup_workers, cfg.max_nodes), cfg.min_nodes, cfg.startup_wait_s
             )
     else:
-        first, _ = make_rendezvous_handler(cfg)
+        built = first_handler()
+        if built is None:
+            return 1
+        first = built[0]
     # Store loss is waited out, never an agent failure (store_link.py): later handlers are built the same way.
     handler = ReconnectingRendezvous(
         lambda: make_rendezvous_handler(cfg)[0],

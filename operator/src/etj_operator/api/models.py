@@ -314,6 +314,14 @@ class FailurePolicy(ApiModel):
     count_interruptions: bool = Field(
         default=False, description="Also count spot interruptions and drains against maxFailures."
     )
+    startup_deadline_seconds: int = Field(
+        default=1800,
+        ge=1,
+        le=86_400,
+        description="How long a worker waits for the job's rendezvous store to answer before its first "
+        "rendezvous (a store pod waiting for a node or an image pull). Waiting is never a failure; a worker "
+        "still without a store after this long exits 1, which counts against maxFailures.",
+    )
     progress_deadline_seconds: int = Field(
         default=600,
         ge=0,

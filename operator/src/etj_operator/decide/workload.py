@@ -263,6 +263,7 @@ def worker_env(
         etj_env.MIN_WORKERS: spec.replicas.min,
         etj_env.MAX_WORKERS: spec.replicas.max,
         etj_env.STARTUP_WORKERS: startup_workers,
+        etj_env.STORE_WAIT_SECONDS: spec.failure_policy.startup_deadline_seconds,
         etj_env.NPROC_PER_WORKER: spec.procs_per_worker,
         etj_env.GLOBAL_BATCH_SIZE: training.global_batch_size,
         etj_env.MICRO_BATCH_SIZE: training.micro_batch_size,
