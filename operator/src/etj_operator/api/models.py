@@ -17,10 +17,10 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints, model_validator
 
+from etj_contract import env as etj_env
 from etj_operator.api._base import (
     ABSOLUTE_PATH_RE,
     DNS_SUBDOMAIN_RE,
-    URI_RE,
     ApiModel,
     CheckedModel,
     Matches,
@@ -263,7 +263,12 @@ class CheckpointSpec(ApiModel):
         Annotated[
             str,
             StringConstraints(min_length=1, max_length=2048),
-            Matches(URI_RE, "checkpoint.uri must be a URI with a scheme, such as s3://bucket/prefix"),
+            Matches(
+                etj_env.CHECKPOINT_URI_RE,
+                "checkpoint.uri must be s3://bucket/prefix (the object stores the trainer writes to: "
+                + ", ".join(etj_env.CHECKPOINT_URI_SCHEMES)
+                + ")",
+            ),
         ]
         | None
     ) = Field(
