@@ -450,6 +450,12 @@ CASES: list[Case] = [
         "checkpoint.uri must be s3://bucket/prefix",
     ),
     Case(
+        "trainer-bad-service-account",
+        _set("spec.trainer.serviceAccountName", "Trainer_S3"),
+        "spec.trainer.serviceAccountName",
+        "trainer.serviceAccountName must be a lower-case DNS name",
+    ),
+    Case(
         "checkpoint-bad-claim",
         _set("spec.checkpoint", {"pvc": {"claimName": "Bad_Name"}}),
         "spec.checkpoint.pvc.claimName",

@@ -435,6 +435,10 @@ def worker_pod(
             *(t.to_dict() for t in placement.tolerations),
         ],
     }
+    if spec.trainer.service_account_name:
+        # The trainer's cloud identity (S3 checkpoints); automountServiceAccountToken stays False: IRSA's
+        # and Pod Identity's webhooks add their own projected token, the Kubernetes API one is not needed.
+        pod_spec["serviceAccountName"] = spec.trainer.service_account_name
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(placement.node_selector)
     affinity = capacity_affinity(placement.capacity_types, placement.affinity)
