@@ -31,6 +31,7 @@ import resource
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -114,10 +115,11 @@ def make_http_server(
     port: int,
     state: ProgressState,
     token: str | None = None,
+    set_replicas: Callable[[Replicas], None] | None = None,
     max_connections: int = MAX_HTTP_CONNECTIONS,
 ) -> CappedHTTPServer:
     """The progress endpoint and the operator's ``/replicas``; ``token`` (None or empty: none) is required
-    on both."""
+    on both. ``set_replicas`` is told each accepted bound (the bounds themselves are served from here)."""
     current: list[Replicas] = []
     expected = f"{TOKEN_SCHEME} {token}".encode() if token else None
 
@@ -192,6 +194,8 @@ def make_http_server(
                 if replicas is None:
                     self._send(400, b'{"error": "expected {\\"min\\": n, \\"max\\": m}, 1 <= n <= m"}')
                     return
+                if set_replicas is not None:
+                    set_replicas(replicas)
                 current.append(replicas)
                 del current[:-1]
             self._send(204, b"")
