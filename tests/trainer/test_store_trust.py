@@ -87,10 +87,12 @@ class _DictStore:
     def get(self, key: str) -> bytes:
         return self.values[key]
 
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        exp = expected.encode() if isinstance(expected, str) else expected
+        want = desired.encode() if isinstance(desired, str) else desired
         current = self.values.get(key)
-        if (current is None and expected == "") or (current is not None and current == expected.encode()):
-            self.values[key] = desired.encode()
+        if (current is None and exp == b"") or (current is not None and current == exp):
+            self.values[key] = want
         return self.values[key]
 
 
@@ -143,8 +145,9 @@ def test_a_pickled_rendezvous_state_from_a_tokenless_client_runs_no_code(tmp_pat
     _wait_for(read_the_forgery)
     assert not marker.exists(), "the store's bytes ran as code in the agent"
 
-    # Garbage that is not even base64 must not raise into torch's agent loop (a counted worker failure).
-    attacker.set("etj.rendezvous." + RUN_ID, "\x00not base64\x00")
+    # Garbage that is not even base64 or UTF-8 must not raise into torch's agent loop (a counted worker
+    # failure), neither when read nor when the agent's next write names it as the value it replaces.
+    attacker.set("etj.rendezvous." + RUN_ID, b"\xff\xfe not base64 \x00")
     refused = backend.refused
     _wait_for(lambda: handler.num_nodes_waiting() == 0 and backend.refused > refused)
 

@@ -138,7 +138,9 @@ class SealedC10dBackend(RendezvousBackend):
             return None if current is None else (*current, False)
         expected = token if token else NULL_SENTINEL
         desired = seal(self._mac_key, self._run_id, self._highest + 1, state)
-        raw: bytes = self._call("compare_set", self._key, expected.decode(), desired.decode())
+        # Bytes, not text: the value replaced may be anyone's bytes (not UTF-8), and decoding them would
+        # raise into torch's agent loop.
+        raw: bytes = self._call("compare_set", self._key, expected, desired)
         accepted = self._accept(raw)
         if accepted is None:
             return None
