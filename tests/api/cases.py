@@ -434,7 +434,26 @@ CASES: list[Case] = [
         "checkpoint-uri-no-scheme",
         _set("spec.checkpoint", {"uri": "bucket/job"}),
         "spec.checkpoint.uri",
-        "must be a URI with a scheme",
+        "checkpoint.uri must be s3://bucket/prefix",
+    ),
+    # gs:// passed a scheme-only check, was reported durable, then the trainer refused it at its first save
+    Case(
+        "checkpoint-uri-scheme-the-trainer-cannot-write",
+        _set("spec.checkpoint", {"uri": "gs://bucket/job"}),
+        "spec.checkpoint.uri",
+        "checkpoint.uri must be s3://bucket/prefix",
+    ),
+    Case(
+        "checkpoint-uri-no-bucket",
+        _set("spec.checkpoint", {"uri": "s3:///job"}),
+        "spec.checkpoint.uri",
+        "checkpoint.uri must be s3://bucket/prefix",
+    ),
+    Case(
+        "trainer-bad-service-account",
+        _set("spec.trainer.serviceAccountName", "Trainer_S3"),
+        "spec.trainer.serviceAccountName",
+        "trainer.serviceAccountName must be a lower-case DNS name",
     ),
     Case(
         "checkpoint-bad-claim",

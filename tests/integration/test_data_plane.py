@@ -135,11 +135,11 @@ def test_the_operator_reads_progress_with_the_jobs_token(store_url: str) -> None
 
 def test_the_operator_sets_the_replica_bounds_that_running_agents_read(store_url: str) -> None:
     """`kubectl scale` reaches processes started before it (etj_contract.replicas): the operator POSTs the
-    bounds with the job's token, the store keeps them in its TCPStore, agents and rank 0 read them there."""
+    bounds with the job's token, the store pod keeps them, agents and rank 0 read them with the token."""
     host, port = store_url.split("/")[2].split(":")
     replicas = store_url.replace(PROGRESS_PATH, REPLICAS_PATH)
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    assert bounds.read_from(f"127.0.0.1:{STORE_PORT[0]}") is None  # nothing said yet: the env's bounds
+    assert bounds.read_from(store_url, token=TOKEN) is None  # nothing said yet: the env's bounds
 
     async def post(token: str | None) -> bool:
         kube = KubeClient(client.ApiClient())
@@ -149,13 +149,13 @@ def test_the_operator_sets_the_replica_bounds_that_running_agents_read(store_url
             await kube.close()
 
     assert asyncio.run(post(None)) is False  # anyone else cannot resize the job
-    assert bounds.read_from(f"127.0.0.1:{STORE_PORT[0]}") is None
+    assert bounds.read_from(store_url, token=TOKEN) is None
     assert asyncio.run(post(TOKEN)) is True
-    assert bounds.read_from(f"127.0.0.1:{STORE_PORT[0]}") == Replicas(1, 4)
+    assert bounds.read_from(store_url, token=TOKEN) == Replicas(1, 4)
     assert get_json(replicas, token=TOKEN) == {"min": 1, "max": 4}
     for bad in (b'{"min": 3, "max": 2}', b'{"min": 0, "max": 2}', b'{"min": true, "max": 2}', b"[1, 4]"):
         assert _status(replicas, bad, auth) == 400, bad
-    assert bounds.read_from(f"127.0.0.1:{STORE_PORT[0]}") == Replicas(1, 4)  # a bad request changed nothing
+    assert bounds.read_from(store_url, token=TOKEN) == Replicas(1, 4)  # a bad request changed nothing
 
 
 # ---- the operator's objects on the real apiserver ------------------------------------------------------

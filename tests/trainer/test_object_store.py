@@ -124,3 +124,19 @@ def test_a_trainer_that_lost_every_local_copy_resumes_from_the_bucket(s3: S3Serv
     text = out2.decode()
     assert second.returncode == 0, text[-2000:]
     assert f"ready at step {saved[0]}" in text, text[-2000:]
+
+
+def test_every_scheme_the_crd_admits_is_one_the_trainer_writes() -> None:
+    """checkpoint.uri: the CRD's pattern and the trainer's parser agree (gs:// passed the CRD and failed
+    the job at its first save)."""
+    import re
+
+    from etj_contract import env as etj_env
+
+    pattern = re.compile(etj_env.CHECKPOINT_URI_RE)
+    for scheme in etj_env.CHECKPOINT_URI_SCHEMES:
+        for uri in (f"{scheme}://bucket", f"{scheme}://bucket/a/b/"):
+            assert pattern.match(uri), uri
+            assert S3Location.parse(uri).bucket == "bucket"
+    for uri in ("gs://bucket/job", "az://c/job", "file:///tmp/x", "s3:///job", "bucket/job"):
+        assert not pattern.match(uri), uri

@@ -142,19 +142,52 @@ def test_shutdown_on_a_lost_store_is_not_an_error() -> None:
 
 
 def test_a_lost_store_leaves_the_environments_bounds() -> None:
-    """kubectl scale's bounds are read from the store (bounds.py); a store that is gone must neither fail
-    rank 0's admission nor hold the agent's rendezvous for long: the environment's bounds apply."""
-    import torch.distributed as dist
+    """kubectl scale's bounds are read from the store pod (bounds.py); a store that is gone must neither
+    fail rank 0's admission nor hold the agent's rendezvous for long: the environment's bounds apply."""
+    import time
 
     from etj_trainer import bounds
     from etj_trainer.local_launcher import free_port
 
-    class Gone:
-        def check(self, keys: list[str]) -> bool:
-            raise dist.DistStoreError("Connection reset by peer")
+    gone = f"http://127.0.0.1:{free_port()}/progress"  # nobody listens there
+    started = time.monotonic()
+    assert bounds.max_workers(gone, 3) == 3
+    assert bounds.read_from(gone) is None
+    assert bounds.read_from("") is None  # no store pod at all (a single process)
+    assert time.monotonic() - started < 2 * bounds.READ_TIMEOUT_S
 
-        def get(self, key: str) -> bytes:
-            raise AssertionError("not reached")
 
-    assert bounds.max_workers(Gone(), 3) == 3
-    assert bounds.read_from(f"127.0.0.1:{free_port()}") is None  # nobody listens there
+def test_the_first_handler_waits_for_a_store_that_starts_late() -> None:
+    """build_when_store_answers: no store, then a store that listens but cannot serve yet, then one that
+    does; past the start-up bound the wait ends (StoreNeverAnswered), never with a torch store error."""
+    from etj_trainer.store_link import StoreNeverAnswered, build_when_store_answers
+
+    now = [0.0]
+    probes = iter([False, False, True, True])
+    builds = iter([RendezvousConnectionError("not serving yet"), "handler"])
+
+    def answers(_: str) -> bool:
+        now[0] += 10.0
+        return next(probes)
+
+    def build() -> Any:
+        b = next(builds)
+        if isinstance(b, Exception):
+            raise b
+        return b
+
+    got = build_when_store_answers(
+        build, "store:29400", within_s=100.0, probe_interval=0.0, clock=lambda: now[0], answers=answers
+    )
+    assert got == "handler" and now[0] == 40.0
+
+    def never(_: str) -> bool:
+        now[0] += 10.0
+        return False
+
+    now[0] = 0.0
+    with pytest.raises(StoreNeverAnswered):
+        build_when_store_answers(
+            build, "store:29400", within_s=25.0, probe_interval=0.0, clock=lambda: now[0], answers=never
+        )
+    assert now[0] == 30.0  # gave up at the first probe past the bound

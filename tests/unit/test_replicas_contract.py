@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from etj_contract.replicas import STORE_KEY, Replicas, read
+from etj_contract.replicas import Replicas, replicas_url
 
 BODIES: dict[str, tuple[Any, Replicas | None]] = {
     "a scale to 4": ({"min": 1, "max": 4}, Replicas(1, 4)),
@@ -26,32 +26,6 @@ def test_from_json(case: str) -> None:
     assert Replicas.from_json(raw) == expected
 
 
-STORED: dict[str, tuple[bytes, Replicas | None]] = {
-    "as the store server writes it": (b"1:4", Replicas(1, 4)),
-    "garbage": (b"four", None),
-    "out of order": (b"4:1", None),
-}
-
-
-@pytest.mark.parametrize("case", list(STORED), ids=list(STORED))
-def test_decode(case: str) -> None:
-    raw, expected = STORED[case]
-    assert Replicas.decode(raw) == expected
-    if expected is not None:
-        assert Replicas.decode(expected.encode()) == expected
-
-
-class _Store:
-    def __init__(self, values: dict[str, bytes]) -> None:
-        self.values = values
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.values for k in keys)
-
-    def get(self, key: str) -> bytes:
-        return self.values[key]
-
-
-def test_read_says_nothing_until_the_operator_has() -> None:
-    assert read(_Store({})) is None
-    assert read(_Store({STORE_KEY: b"2:6"})) == Replicas(2, 6)
+def test_the_replicas_endpoint_is_next_to_the_progress_endpoint() -> None:
+    assert replicas_url("http://10.0.0.7:29401/progress") == "http://10.0.0.7:29401/replicas"
+    assert replicas_url("http://store.ns.svc:29401") == "http://store.ns.svc:29401/replicas"

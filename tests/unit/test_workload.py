@@ -86,6 +86,18 @@ def test_a_users_own_script_runs_under_the_workers_agent() -> None:
     assert container["command"] == ["etj-train", "worker"] and container["args"] == args
 
 
+def test_workers_run_as_the_jobs_service_account_and_the_store_does_not() -> None:
+    """trainer.serviceAccountName: the workers' cloud identity (IRSA / EKS Pod Identity for S3
+    checkpoints); the store never touches the object store, so it keeps the namespace's default."""
+    assert "serviceAccountName" not in _pod()["spec"]  # unset: the namespace's default
+    job = spec(trainer={"image": "trainer:1", "resources": {"gpu": 1}, "serviceAccountName": "trainer-s3"})
+    pod = worker_pod(job, job="train", namespace="ml", uid="uid-1", slot=0, grace_seconds=90)
+    assert pod["spec"]["serviceAccountName"] == "trainer-s3"
+    assert pod["spec"]["automountServiceAccountToken"] is False  # the trainer never calls the API
+    store = rendezvous_pod(job, job="train", namespace="ml", uid="u")
+    assert "serviceAccountName" not in store["spec"]
+
+
 @pytest.mark.parametrize("builder", ["worker", "store"])
 def test_restricted_pod_security(builder: str) -> None:
     pod = _pod() if builder == "worker" else rendezvous_pod(spec(), job="train", namespace="ml", uid="u")

@@ -90,6 +90,13 @@ STARTUP_WORKERS = _var(
     " before its first rendezvous, so the first world forms at that size, not 0->2->4",
     set_by=OP,
 )
+STORE_WAIT_SECONDS = _var(
+    "STORE_WAIT_SECONDS",
+    float,
+    "how long an agent waits for the job's rendezvous store to answer before its first rendezvous"
+    " (spec.failurePolicy.startupDeadlineSeconds): a store that starts late is waited for, not a failure",
+    set_by=OP,
+)
 NPROC_PER_WORKER = _var(
     "NPROC_PER_WORKER",
     int,
@@ -138,6 +145,10 @@ CHECKPOINT_URI = _var(
     flag=True,
     set_by=OP,
 )
+# The object stores the trainer writes checkpoints to (etj_trainer.object_store), and so the only URIs the
+# CRD admits: a scheme it validated and the trainer then refused (gs://) failed the job at its first save.
+CHECKPOINT_URI_SCHEMES = ("s3",)
+CHECKPOINT_URI_RE = rf"^({'|'.join(CHECKPOINT_URI_SCHEMES)})://[^/\s]+(/.*)?$"
 CHECKPOINT_KEEP = _var(
     "CHECKPOINT_KEEP",
     int,

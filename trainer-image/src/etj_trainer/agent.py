@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -111,9 +111,13 @@ class AgentConfig:
     worker_id: str = ""
     startup_workers: int = 0  # wait for this many agents before the first rendezvous (startup.py)
     startup_wait_s: float = 60.0
+    # How long to wait for the job's store to answer at start-up (the job's start-up deadline).
+    store_wait_s: float = 1800.0
     # The address other workers reach this pod at (the pod IP, from the downward API). torch elastic
     # otherwise publishes socket.getfqdn(): a pod's hostname, which other pods cannot resolve.
     local_addr: str = ""
+    # The job's token (its Secret): seals the rendezvous state on the store (sealed_rendezvous.py).
+    token: str = field(default="", repr=False)  # never in a log line
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentConfig:
@@ -130,12 +134,14 @@ class AgentConfig:
             worker_id=etj_env.WORKER_ID.get(e, ""),
             grace_seconds=etj_env.TERMINATION_GRACE_SECONDS.read(e),
             local_addr=e.get("POD_IP", ""),
+            token=etj_env.PROGRESS_TOKEN.get(e, ""),
         )
         cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
         cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)
         cfg.keep_alive_interval = etj_env.KEEP_ALIVE_INTERVAL.get(e, cfg.keep_alive_interval)
         cfg.startup_workers = etj_env.STARTUP_WORKERS.get(e, cfg.startup_workers)
         cfg.startup_wait_s = etj_env.STARTUP_WAIT_SECONDS.get(e, cfg.startup_wait_s)
+        cfg.store_wait_s = etj_env.STORE_WAIT_SECONDS.get(e, cfg.store_wait_s)
         return cfg
 
     @property
@@ -339,7 +345,9 @@ def patch_rendezvous_poll(interval: float) -> bool:
 
 
 def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
-    """torch's c10d DynamicRendezvousHandler, built directly so ``last_call`` can be sub-second.
+    """torch's DynamicRendezvousHandler on the job's store, built directly so ``last_call`` can be
+    sub-second and so its state is sealed with the job's token (sealed_rendezvous.py: torch's own c10d
+    backend unpickles whatever any client of the store wrote).
 
     Returns the handler and its store client (the start-up wait counts agents on it).
     """
@@ -349,11 +357,16 @@ def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
         RendezvousTimeout,
     )
 
-    backend, store = create_backend(cfg.rendezvous_parameters())
+    from etj_trainer.sealed_rendezvous import SealedC10dBackend
+
+    if not cfg.token:
+        log.warning("no %s: the rendezvous state is not authenticated", etj_env.PROGRESS_TOKEN.name)
+    # torch's store client (its timeouts, is_host=false); torch's backend object is not used
+    _, store = create_backend(cfg.rendezvous_parameters())
     handler = DynamicRendezvousHandler.from_backend(
         cfg.run_id,
         store,
-        backend,
+        SealedC10dBackend(store, cfg.run_id, cfg.token),
         cfg.min_nodes,
         cfg.max_nodes,
         timeout=RendezvousTimeout(
@@ -460,19 +473,38 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     from etj_trainer import bounds
     from etj_trainer.join import door_open
     from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
-    from etj_trainer.store_link import STORE_ERRORS, ReconnectingRendezvous
+    from etj_trainer.store_link import (
+        STORE_ERRORS,
+        ReconnectingRendezvous,
+        StoreNeverAnswered,
+        build_when_store_answers,
+    )
+
+    def first_handler() -> tuple[Any, Any] | None:
+        """The first handler and its store client; None when the store never answered (bounded by the
+        job's start-up deadline): a store that starts after this agent is waited for, never an exit 1."""
+        try:
+            built: tuple[Any, Any] = build_when_store_answers(
+                lambda: make_rendezvous_handler(cfg), cfg.endpoint, cfg.store_wait_s
+            )
+            return built
+        except StoreNeverAnswered as e:
+            print(f"etj-train worker: {e}: past the job's start-up deadline", file=sys.stderr, flush=True)
+            return None
 
     start_method = "spawn"
     if warmup is not None:
         warmup.join()  # join the rendezvous only when a worker can start with a fork
         start_method = "forkserver"
         patch_rendezvous_poll(cfg.rdzv_poll_interval)
-        first, store = make_rendezvous_handler(cfg)
+        built = first_handler()
+        if built is None:
+            return 1
+        first, store = built
         if cfg.startup_workers > 1:
             from etj_trainer.startup import wait_for_startup_peers
 
@@ -494,12 +526,13 @@ def run_agent(cfg: AgentConfig) -> int:
                 first, min(cfg.startup_workers, cfg.max_nodes), cfg.min_nodes, cfg.startup_wait_s
             )
     else:
-        first = rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())
+        built = first_handler()
+        if built is None:
+            return 1
+        first = built[0]
     # Store loss is waited out, never an agent failure (store_link.py): later handlers are built the same way.
     handler = ReconnectingRendezvous(
-        (lambda: make_rendezvous_handler(cfg)[0])
-        if warmup is not None
-        else (lambda: rdzv_registry.get_rendezvous_handler(cfg.rendezvous_parameters())),
+        lambda: make_rendezvous_handler(cfg)[0],
         cfg.endpoint,
         join_timeout=cfg.join_timeout,
         first=first,
@@ -520,7 +553,7 @@ def run_agent(cfg: AgentConfig) -> int:
             while True:
                 # `kubectl scale` since this agent started (bounds.py): every node of a round must agree
                 # on the maximum that completes it
-                job = bounds.read_from(cfg.endpoint)
+                job = bounds.read_from(cfg.progress_url)
                 if job is not None:
                     bounds.set_rendezvous_nodes(handler.inner, max_nodes=job.max)
                 try:

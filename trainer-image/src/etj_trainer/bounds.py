@@ -1,21 +1,22 @@
 """The job's replica bounds as the operator last set them, for processes started before the change.
 
 ``kubectl scale`` (or any edit of ``spec.replicas``) reaches new pods through their environment, and the
-running ones through the job's store (etj_contract.replicas): each agent reads the bounds before every
+running ones through the job's store pod (etj_contract.replicas): each agent reads the bounds before every
 rendezvous round and puts them into torch's rendezvous settings, rank 0 reads them before it admits
 joiners in place. Without that, 2 -> 4 never grew the world: the old agents completed every round at their
 start-time maximum of 2 and rank 0 turned the new pods away.
+
+They are read over the store pod's HTTP endpoint with the job's token (``GET /replicas``), never from the
+TCPStore: a TCPStore has no authentication, so any client reaching its port could set the bounds there
+(docs/operator.md, "Threat model").
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
-import torch.distributed as dist
-
-from etj_contract.replicas import KeyStore, Replicas, read
+from etj_contract.replicas import Replicas, replicas_url
 
 log = logging.getLogger(__name__)
 
@@ -23,26 +24,21 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 2.0  # a lost store must not hold up the rendezvous that waits for its replacement
 
 
-def read_from(endpoint: str) -> Replicas | None:
-    """The bounds on the job's store at ``endpoint`` (host:port); None when not set or not reachable (the
-    store's own loss is store_link.py's business: the environment's bounds apply meanwhile)."""
-    host, _, port = endpoint.rpartition(":")
-    try:
-        store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=READ_TIMEOUT_S))
-        return read(store)
-    except (dist.DistError, RuntimeError, ValueError) as e:
-        log.info("replica bounds not read: %s", e)
+def read_from(progress_url: str, token: str | None = None) -> Replicas | None:
+    """The bounds the operator last set on the job's store pod (``progress_url``: its progress endpoint;
+    ``token`` defaults to the environment's); None when not set, not reachable or refused: the
+    environment's bounds apply meanwhile (the store's own loss is store_link.py's business)."""
+    from etj_trainer.progress import get_json
+
+    if not progress_url:
         return None
+    return Replicas.from_json(get_json(replicas_url(progress_url), timeout=READ_TIMEOUT_S, token=token))
 
 
-def max_workers(store: KeyStore | None, default: int) -> int:
+def max_workers(progress_url: str, default: int) -> int:
     """The job's maximum in pods: the operator's latest word, else ``default`` (the environment's, also
     when the store does not answer: admitting fewer joiners is safe, failing the step is not)."""
-    try:
-        bounds = read(store) if store is not None else None
-    except (dist.DistError, RuntimeError) as e:
-        log.info("replica bounds not read: %s", e)
-        bounds = None
+    bounds = read_from(progress_url)
     return bounds.max if bounds is not None else default
 
 

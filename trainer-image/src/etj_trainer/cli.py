@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from etj_contract import env as etj_env
-from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
+from etj_contract.ports import PROGRESS_PORT, RDZV_PORT, STORE_MAX_OPEN_FILES
 
 # --<field> flag -> the variable it sets (etj_contract.env marks which are flags).
 TRAIN_FLAGS = {var.field: var.name for var in etj_env.TRAIN_FLAGS if var.field is not None}
@@ -58,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--host", default="0.0.0.0")
     st.add_argument("--port", type=int, default=RDZV_PORT)
     st.add_argument("--http-port", type=int, default=PROGRESS_PORT)
+    st.add_argument(
+        "--max-open-files",
+        type=int,
+        default=STORE_MAX_OPEN_FILES,
+        help="the store process's descriptor limit, which caps its TCPStore connections",
+    )
     wk = sub.add_parser("worker", help="worker pod: elastic agent from the ETJ_* environment")
     _add_script(wk)
     lo = sub.add_parser("local", help="run store + N agents on loopback, resizing on a schedule")
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "store":
         from etj_trainer.store_server import serve
 
-        serve(ns.host, ns.port, ns.http_port)
+        serve(ns.host, ns.port, ns.http_port, max_open_files=ns.max_open_files)
         return 0
     if ns.cmd == "worker":
         import os

@@ -68,8 +68,7 @@ class InPlace:
             sync_state(job, World.current(), behind=True)
         elif isinstance(to, regroup.Regroup) and to.admit:  # old ranks keep their numbers; joiners after
             # the job's maximum as the operator last set it: `kubectl scale` after this world started
-            door_store = self.door.store if self.door is not None else None
-            max_ranks = bounds.max_workers(door_store, cfg.max_workers) * w.local_size
+            max_ranks = bounds.max_workers(cfg.progress_url, cfg.max_workers) * w.local_size
             adm = join.admission(self.door, membership, job.step, w.rank, w.size, max_ranks)
             if not adm.joiners:
                 return None

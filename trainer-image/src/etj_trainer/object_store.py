@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-SCHEMES = ("s3",)
+from etj_contract import env as etj_env
+
+SCHEMES = etj_env.CHECKPOINT_URI_SCHEMES  # the CRD admits exactly these
 
 
 @dataclass(frozen=True)

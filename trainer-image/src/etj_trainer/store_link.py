@@ -81,6 +81,45 @@ def store_answers(endpoint: str, timeout: float = 1.0) -> bool:
         return False
 
 
+class StoreNeverAnswered(Exception):
+    """The job's store did not answer within the start-up bound."""
+
+
+def build_when_store_answers(
+    build: Callable[[], Any],
+    endpoint: str,
+    within_s: float,
+    *,
+    probe_interval: float = 0.5,
+    report_every_s: float = 10.0,
+    clock: Callable[[], float] = time.monotonic,
+    answers: Callable[[str], bool] = store_answers,
+) -> Any:
+    """``build()`` (the rendezvous handler and its store client) once the store at ``endpoint`` answers.
+
+    The store pod may start minutes after the workers (a new node, a multi-GB image pull), and a
+    replacement worker may start while the store is being replaced. torch's store client gives up after
+    its read timeout and the agent would exit 1 -- one worker failure per pod, so a job could fail before
+    its first step. Here the agent waits instead, up to ``within_s`` (the job's start-up deadline).
+    """
+    started = clock()
+    reported = started
+    while True:
+        if answers(endpoint):
+            try:
+                return build()
+            except STORE_ERRORS as e:  # listening but not serving yet (the store process is starting)
+                log.info("store at %s answers but the rendezvous cannot use it yet: %s", endpoint, e)
+        now = clock()
+        if now - started > within_s:
+            raise StoreNeverAnswered(f"no rendezvous store at {endpoint} within {within_s:.0f} s")
+        if now - reported >= report_every_s:
+            reported = now
+            waited = f"{now - started:.0f} s"
+            print(f"etj-train worker: waiting for the rendezvous store at {endpoint} ({waited})", flush=True)
+        time.sleep(probe_interval)
+
+
 class ReconnectingRendezvous(RendezvousHandler):
     """torch's rendezvous handler, made to outlive its store (see the module docstring)."""
 

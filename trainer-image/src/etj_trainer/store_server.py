@@ -4,13 +4,21 @@ Hosts the TCPStore that torch elastic's c10d rendezvous uses (outside every work
 rank 0 included, never loses the rendezvous state) and a tiny HTTP server for the progress channel:
 ``POST /progress`` merges the JSON body into the stored document (``etj_contract.progress.merge``: resize
 records accumulate, a finished report stays finished), ``GET /progress`` returns it, ``GET /healthz`` is a
-liveness probe. ``POST /replicas`` is the operator's: the job's current replica bounds, kept in the
-TCPStore for the running agents and rank 0 (``etj_contract.replicas``: ``kubectl scale`` reaches them).
+liveness probe. ``POST /replicas`` is the operator's: the job's current replica bounds, kept in memory and
+read by the running agents and rank 0 with ``GET /replicas`` (``etj_contract.replicas``: ``kubectl scale``
+reaches them). Not in the TCPStore, which any client reaching its port can write.
 
 Every ``/progress`` and ``/replicas`` request requires the job's token (``ETJ_PROGRESS_TOKEN``, from the
 job's Secret) as ``Authorization: Bearer <token>``, and bodies over ``MAX_BODY_BYTES`` are refused unread:
 any pod the network lets in could otherwise end the job with a forged ``finished`` report, shrink its
 world, or exhaust the store's memory (docs/operator.md, "Threat model").
+
+Both endpoints cap their connections. The HTTP server serves at most ``MAX_HTTP_CONNECTIONS`` at once and
+leaves the rest in the listen backlog (one thread per connection otherwise: a client opening thousands
+would exhaust the pod). The
+TCPStore (torch's libuv server, which has no such setting) gets a file-descriptor limit for the whole
+process (``RLIMIT_NOFILE``, ``--max-open-files``): past it libuv accepts and closes new connections, the
+connections already open carry on.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import hmac
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import threading
@@ -29,6 +38,7 @@ from typing import Any
 from torch.distributed import TCPStore
 
 from etj_contract import env as etj_env
+from etj_contract.ports import STORE_MAX_OPEN_FILES
 from etj_contract.progress import (
     MAX_BODY_BYTES,
     PROGRESS_PATH,
@@ -37,9 +47,53 @@ from etj_contract.progress import (
     ProgressDoc,
     merge,
 )
-from etj_contract.replicas import REPLICAS_PATH, STORE_KEY, Replicas
+from etj_contract.replicas import REPLICAS_PATH, Replicas
 
 log = logging.getLogger(__name__)
+
+# Requests are short (the operator, rank 0, each agent's bounds read before a round); more than this at
+# once wait in the listen backlog, then the kernel's SYN retries: delayed, never a thread each.
+MAX_HTTP_CONNECTIONS = 256
+LISTEN_BACKLOG = 1024
+
+
+def cap_open_files(limit: int) -> int:
+    """Lower this process's soft RLIMIT_NOFILE to ``limit`` (never above the hard limit, never raised);
+    the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(limit, hard) if hard != resource.RLIM_INFINITY else limit
+    if soft == resource.RLIM_INFINITY or want < soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        return want
+    return soft
+
+
+class CappedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: the accept loop waits for a free slot,
+    so further clients queue in the listen backlog (socketserver's default of 5 would refuse them)."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int
+    ) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class ProgressState:
@@ -62,9 +116,10 @@ def make_http_server(
     state: ProgressState,
     token: str | None = None,
     set_replicas: Callable[[Replicas], None] | None = None,
-) -> ThreadingHTTPServer:
+    max_connections: int = MAX_HTTP_CONNECTIONS,
+) -> CappedHTTPServer:
     """The progress endpoint and the operator's ``/replicas``; ``token`` (None or empty: none) is required
-    on both. ``set_replicas`` keeps the bounds the operator POSTs (in the job's TCPStore)."""
+    on both. ``set_replicas`` is told each accepted bound (the bounds themselves are served from here)."""
     current: list[Replicas] = []
     expected = f"{TOKEN_SCHEME} {token}".encode() if token else None
 
@@ -148,10 +203,16 @@ def make_http_server(
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("http: " + format, *args)
 
-    return ThreadingHTTPServer((host, port), Handler)
+    return CappedHTTPServer((host, port), Handler, max_connections)
 
 
-def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401, token: str | None = None) -> None:
+def serve(
+    host: str = "0.0.0.0",
+    port: int = 29400,
+    http_port: int = 29401,
+    token: str | None = None,
+    max_open_files: int = STORE_MAX_OPEN_FILES,
+) -> None:
     """Run the store and the progress server on ``host`` until SIGTERM/SIGINT.
 
     ``token`` defaults to ``$ETJ_PROGRESS_TOKEN`` (the operator sets it from the job's Secret).
@@ -160,6 +221,7 @@ def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401, toke
     whatever host it is given, so it gets a socket already bound to ``host`` instead: process-backed pods
     share one machine's network, and two jobs' stores there must not take each other's port.
     """
+    cap_open_files(max_open_files)  # before the store's server starts: its connections count against it
     listener = socket.create_server((host, port), backlog=1024)  # SO_REUSEADDR: TIME_WAIT is no conflict
     fd = listener.detach()  # the store owns (and closes) it from here
     # wait_for_workers=False: the store must come up before any agent exists and outlive them all.
@@ -176,13 +238,7 @@ def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401, toke
         token = etj_env.PROGRESS_TOKEN.read(os.environ)
     if not token:
         log.warning("no %s: the progress endpoint accepts any client", etj_env.PROGRESS_TOKEN.name)
-    lock = threading.Lock()  # one TCPStore client, used from the HTTP server's threads
-
-    def set_replicas(replicas: Replicas) -> None:
-        with lock:
-            store.set(STORE_KEY, replicas.encode())
-
-    httpd = make_http_server(host, http_port, state, token, set_replicas)
+    httpd = make_http_server(host, http_port, state, token)
     stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:
@@ -199,3 +255,4 @@ def serve(host: str = "0.0.0.0", port: int = 29400, http_port: int = 29401, toke
     stop.wait()
     httpd.shutdown()
     httpd.server_close()
+    del store  # held until here: the TCPStore server lives as long as this object

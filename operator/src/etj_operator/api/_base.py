@@ -35,7 +35,6 @@ DNS_SUBDOMAIN_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9
 DNS_LABEL_RE = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME_RE = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 ABSOLUTE_PATH_RE = r"^/"
-URI_RE = r"^[a-z][a-z0-9+.-]*://.+"
 
 
 def cel(

@@ -17,10 +17,10 @@ from typing import Annotated
 
 from pydantic import Field, StringConstraints, model_validator
 
+from etj_contract import env as etj_env
 from etj_operator.api._base import (
     ABSOLUTE_PATH_RE,
     DNS_SUBDOMAIN_RE,
-    URI_RE,
     ApiModel,
     CheckedModel,
     Matches,
@@ -270,7 +270,12 @@ class CheckpointSpec(ApiModel):
         Annotated[
             str,
             StringConstraints(min_length=1, max_length=2048),
-            Matches(URI_RE, "checkpoint.uri must be a URI with a scheme, such as s3://bucket/prefix"),
+            Matches(
+                etj_env.CHECKPOINT_URI_RE,
+                "checkpoint.uri must be s3://bucket/prefix (the object stores the trainer writes to: "
+                + ", ".join(etj_env.CHECKPOINT_URI_SCHEMES)
+                + ")",
+            ),
         ]
         | None
     ) = Field(
@@ -320,6 +325,14 @@ class FailurePolicy(ApiModel):
     )
     count_interruptions: bool = Field(
         default=False, description="Also count spot interruptions and drains against maxFailures."
+    )
+    startup_deadline_seconds: int = Field(
+        default=1800,
+        ge=1,
+        le=86_400,
+        description="How long a worker waits for the job's rendezvous store to answer before its first "
+        "rendezvous (a store pod waiting for a node or an image pull). Waiting is never a failure; a worker "
+        "still without a store after this long exits 1, which counts against maxFailures.",
     )
     progress_deadline_seconds: int = Field(
         default=600,

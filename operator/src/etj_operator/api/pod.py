@@ -300,6 +300,24 @@ class TrainerSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["mountPath"]},
     )
 
+    service_account_name: (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=253),
+            Matches(
+                DNS_SUBDOMAIN_RE,
+                "trainer.serviceAccountName must be a lower-case DNS name (letters, digits, '-', '.')",
+            ),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="ServiceAccount of the worker pods, in the job's namespace: the identity the trainer "
+        "reaches the object store with (IRSA's eks.amazonaws.com/role-arn annotation, an EKS Pod Identity "
+        "association). Unset: the namespace's default. The API token itself is still not mounted: the "
+        "trainer never calls the Kubernetes API, and IRSA and Pod Identity project their own tokens.",
+    )
+
     @property
     def procs(self) -> int:
         """Training processes (ranks) per worker pod: procsPerWorker, else one per GPU, or one on CPU."""

@@ -287,6 +287,7 @@ def worker_env(
         etj_env.MIN_WORKERS: spec.replicas.min,
         etj_env.MAX_WORKERS: spec.replicas.max,
         etj_env.STARTUP_WORKERS: startup_workers,
+        etj_env.STORE_WAIT_SECONDS: spec.failure_policy.startup_deadline_seconds,
         etj_env.NPROC_PER_WORKER: spec.procs_per_worker,
         etj_env.GLOBAL_BATCH_SIZE: training.global_batch_size,
         etj_env.MICRO_BATCH_SIZE: training.micro_batch_size,
@@ -464,6 +465,10 @@ def worker_pod(
             *(t.to_dict() for t in placement.tolerations),
         ],
     }
+    if spec.trainer.service_account_name:
+        # The trainer's cloud identity (S3 checkpoints); automountServiceAccountToken stays False: IRSA's
+        # and Pod Identity's webhooks add their own projected token, the Kubernetes API one is not needed.
+        pod_spec["serviceAccountName"] = spec.trainer.service_account_name
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(placement.node_selector)
     affinity = capacity_affinity(types, placement.affinity, pin=capacity)
