@@ -368,7 +368,17 @@ ensure_cluster() {
     node_image=$(docker inspect -f '{{.Config.Image}}' "$CLUSTER-control-plane" 2>/dev/null || true)
     if [ "$node_image" = "$NODE_IMAGE" ]; then
       step "kind cluster $CLUSTER exists (node image $NODE_IMAGE)"
-      docker start $("$KIND" get nodes --name "$CLUSTER") >/dev/null 2>&1 || true
+      if docker ps --filter "label=io.x-k8s.kind.cluster=$CLUSTER" --filter status=exited -q | grep -q .; then
+        # Stopped (a reboot, `docker stop`): started in kind's node order, so each gets its address back.
+        docker start $("$KIND" get nodes --name "$CLUSTER" | sort) >/dev/null
+        local t0=$SECONDS
+        for _ in $(seq 1 150); do
+          docker exec "$CLUSTER-control-plane" kubectl --kubeconfig /etc/kubernetes/admin.conf \
+            wait --for=condition=Ready nodes --all --timeout=2s >/dev/null 2>&1 && break
+          sleep 2
+        done
+        step "started the stopped nodes; all Ready after $((SECONDS - t0)) s"
+      fi
     else
       step "kind cluster $CLUSTER runs $node_image, not $NODE_IMAGE: recreating it"
       "$KIND" delete cluster --name "$CLUSTER" >&2
