@@ -36,12 +36,6 @@ def run_text(path: Path, job: str) -> str:
     return "\n".join(s.get("run", "") for s in steps(path, job))
 
 
-def step(path: Path, job: str, name_part: str) -> dict[str, Any]:
-    found = [s for s in steps(path, job) if name_part in s.get("name", "")]
-    assert len(found) == 1, f"{path.name}: one step named like {name_part!r} expected"
-    return found[0]
-
-
 def test_actionlint_passes() -> None:
     actionlint = shutil.which("actionlint")
     if actionlint is None:
