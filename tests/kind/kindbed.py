@@ -19,7 +19,7 @@ from etj_testbed.demo.local import Demo
 from etj_testbed.demo.script import DemoResult, Script
 from etj_testbed.localcluster import toolchain
 from etj_testbed.localcluster.proclet_kube import Kube
-from tests.e2e.e2econfig import E2EConfig
+from tests.e2e.e2econfig import E2EConfig, demo_job
 
 REPO = Path(__file__).resolve().parents[2]
 KIND_SH = REPO / "scripts" / "kind.sh"
@@ -195,6 +195,21 @@ def running_job(
     finally:
         thread.join(5)
         demo.cleanup(delete_job=not thread.is_alive())
+
+
+def two_worker_job(epochs: int, min_step_s: float, spot_only: bool = False, **trainer: Any) -> JSON:
+    """The demo's job (examples/demo-cpu.yaml) at 1..2 workers for ``epochs``, each step at least
+    ``min_step_s`` long (so what a test does lands mid-training on a fast machine too); ``spot_only`` keeps
+    the workers off the on-demand node, which then holds the store alone; ``trainer`` overrides
+    spec.trainer fields."""
+    job: JSON = demo_job()
+    job["spec"]["training"]["epochs"] = epochs
+    job["spec"]["replicas"] = {"min": 1, "max": 2}
+    if spot_only:
+        job["spec"]["placement"]["capacityTypes"] = ["spot"]
+    job["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": str(min_step_s)})
+    job["spec"]["trainer"].update(trainer)
+    return job
 
 
 def exactly_once(run_dir: Path, epochs: int) -> None:

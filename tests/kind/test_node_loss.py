@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.e2econfig import demo_job
-from tests.kind.kindbed import KindBed, exactly_once, running_job
+from tests.kind.kindbed import KindBed, exactly_once, running_job, two_worker_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.kind, pytest.mark.kind_full]
 
@@ -23,12 +22,7 @@ EPOCHS = 16
 def spot_workers_job() -> dict[str, Any]:
     """Two workers on the two spot nodes, the store alone on the on-demand node; long enough (>= 1 s a
     step, ~370 steps) for a loss to be noticed, recovered from and undone while it trains."""
-    job = demo_job()
-    job["spec"]["training"]["epochs"] = EPOCHS
-    job["spec"]["replicas"] = {"min": 1, "max": 2}
-    job["spec"]["placement"]["capacityTypes"] = ["spot"]
-    job["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": "1.0"})
-    return job
+    return two_worker_job(EPOCHS, 1.0, spot_only=True)
 
 
 def _resizes(status: dict[str, Any]) -> list[dict[str, Any]]:

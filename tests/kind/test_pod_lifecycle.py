@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.e2econfig import demo_job
-from tests.kind.kindbed import KindBed, exactly_once, running_job
+from tests.kind.kindbed import KindBed, exactly_once, running_job, two_worker_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.kind, pytest.mark.kind_full]
 
@@ -16,13 +15,7 @@ EPOCHS = 10
 
 
 def two_workers(epochs: int = EPOCHS, **trainer: Any) -> dict[str, Any]:
-    job = demo_job()
-    job["spec"]["training"]["epochs"] = epochs
-    job["spec"]["replicas"] = {"min": 1, "max": 2}
-    job["spec"]["placement"]["capacityTypes"] = ["spot"]
-    job["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": "0.5"})
-    job["spec"]["trainer"].update(trainer)
-    return job
+    return two_worker_job(epochs, 0.5, spot_only=True, **trainer)
 
 
 def test_a_gracefully_deleted_worker_leaves_in_place(kind: KindBed) -> None:

@@ -12,14 +12,12 @@ sample exactly once per epoch (the per-rank sample logs in the directory kind mo
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 import pytest
 
 from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
 from etj_testbed.demo.script import Script
-from tests.e2e.e2econfig import demo_job
-from tests.kind.kindbed import KindBed, Prober, exactly_once, running_job
+from tests.kind.kindbed import KindBed, Prober, exactly_once, running_job, two_worker_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.kind]
 
@@ -27,21 +25,12 @@ EPOCHS = 4
 KUBE_DNS = ("kube-dns.kube-system.svc.cluster.local", 53)  # a Service no NetworkPolicy selects
 
 
-def smoke_job() -> dict[str, Any]:
-    job = demo_job()
-    job["spec"]["training"]["epochs"] = EPOCHS
-    job["spec"]["replicas"] = {"min": 1, "max": 2}
-    # A floor under the step time: the probes and the interruption land mid-training on a fast machine too.
-    job["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": "0.3"})
-    return job
-
-
 def test_a_job_trains_behind_its_policy_and_leaves_a_spot_node_in_place(kind: KindBed) -> None:
     script = Script(interrupt_epoch=1, interrupt_min_world=2, return_after_s=5, timeout_s=1200)
     prober = Prober(kind, f"kind-prober-{uuid.uuid4().hex[:5]}")
     prober.start()
     try:
-        with running_job(kind, "smoke", smoke_job(), EPOCHS, script) as run:
+        with running_job(kind, "smoke", two_worker_job(EPOCHS, 0.3), EPOCHS, script) as run:
             store_ip = run.wait(
                 "the store running and a first step",
                 lambda: (
