@@ -477,13 +477,14 @@ def test_install_eks_doc_helm_command_renders() -> None:
 
 
 def test_prices_and_deadline_values_reach_the_operators_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    """chart prices.* / deadline.* -> ETJ_PRICE_* / ETJ_ON_DEMAND_STARTUP_SECONDS -> Settings (issue 28)."""
+    """chart prices.* / deadline.* -> ETJ_PRICE_* / ETJ_ON_DEMAND_STARTUP_SECONDS / ETJ_RESIZE_SECONDS ->
+    Settings (issue 28)."""
     default_env = {e["name"]: e.get("value") for e in _operator_container(render({}))["env"]}
     assert default_env["ETJ_PRICE_ON_DEMAND"] == "3.06" and default_env["ETJ_PRICE_SPOT"] == "0.918"
     assert "p3.2xlarge" in default_env["ETJ_PRICE_SOURCE"]  # the default prices name their source
     values = {
         "prices": {"spotPerWorkerHour": 1.5, "onDemandPerWorkerHour": 4.0, "source": "our 2026 contract"},
-        "deadline": {"onDemandStartupSeconds": 240},
+        "deadline": {"onDemandStartupSeconds": 240, "resizeSeconds": 12.5},
     }
     objs = render(values)
     env = {e["name"]: e.get("value") for e in _operator_container(objs)["env"]}
@@ -492,9 +493,11 @@ def test_prices_and_deadline_values_reach_the_operators_settings(monkeypatch: py
         "ETJ_PRICE_ON_DEMAND",
         "ETJ_PRICE_SOURCE",
         "ETJ_ON_DEMAND_STARTUP_SECONDS",
+        "ETJ_RESIZE_SECONDS",
     ):
         monkeypatch.setenv(name, env[name])
     settings = build_state(_operator_flags(objs)).settings
     assert (settings.prices.spot, settings.prices.on_demand) == (1.5, 4.0)
     assert settings.prices.source == "our 2026 contract"
     assert settings.deadline_costs.on_demand_startup_s == 240.0
+    assert settings.deadline_costs.resize_s == 12.5

@@ -82,6 +82,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="deadline policy: seconds from asking for an on-demand worker to it training (node start-up)",
     )
     p.add_argument(
+        "--resize-seconds",
+        type=float,
+        default=_env_float("ETJ_RESIZE_SECONDS", DeadlineCosts().resize_s),
+        help="deadline policy: a resize's training stall, rendezvous included ($ETJ_RESIZE_SECONDS; "
+        "the chart's deadline.resizeSeconds); part of the safety margin and of the no-thrash rule",
+    )
+    p.add_argument(
         "--default-capacity-type",
         choices=[c.value for c in CapacityType],
         default="on-demand",
@@ -177,7 +184,9 @@ def build_state(args: argparse.Namespace) -> handlers.State:
         operator_pod_labels=_pairs(args.operator_pod_label, "--operator-pod-label"),
         prices=PriceDefaults(args.price_spot, args.price_on_demand, args.price_source),
         deadline_costs=DeadlineCosts(
-            on_demand_startup_s=args.on_demand_startup_seconds, decision_interval_s=args.resync_seconds
+            on_demand_startup_s=args.on_demand_startup_seconds,
+            resize_s=args.resize_seconds,
+            decision_interval_s=args.resync_seconds,
         ),
     )
     if key:
