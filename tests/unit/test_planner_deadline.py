@@ -38,6 +38,7 @@ def progress(done: int, running: int) -> ElasticTrainingJobStatus:
             "samplesTotal": TOTAL,
             "samplesPerSecond": 250.0 * running,
         },
+        worldSize=running,  # the trainer's report: the world its rate was measured at
     )
 
 
@@ -89,6 +90,17 @@ CASES = [
             ("train-worker-3", Reason.REPLACED_BY_ON_DEMAND),
             ("train-worker-2", Reason.REPLACED_BY_ON_DEMAND),
         ],
+        pin_spot=True,
+        reason="BehindSchedule",
+    ),
+    # Every spot node has gone: no worker runs, all four spot pods wait. The rate the two spot workers
+    # measured (250/s each, status.worldSize 2) still sizes the replacements: 942/s needs all four.
+    Case(
+        "all spot gone, nothing running: on-demand sized from the rate measured before",
+        job(deadline_spec(), progress(ONE_HOUR_IN_THIRD_DONE, 2)),
+        observe(cluster(spot=0), [*(worker(i, **SPOT_PINNED) for i in range(4)), store()]),
+        on_demand_created=4,
+        drains=[(f"train-worker-{i}", Reason.REPLACED_BY_ON_DEMAND) for i in (3, 2, 1, 0)],
         pin_spot=True,
         reason="BehindSchedule",
     ),

@@ -87,13 +87,19 @@ def deadline_at(spec: ElasticTrainingJobSpec, status: ElasticTrainingJobStatus) 
     return status.start_time + timedelta(seconds=d.within_seconds)
 
 
-def throughput(status: ElasticTrainingJobStatus, workers: int) -> Throughput:
-    """Samples/s by world size from the trainer's last report: measured at today's size, and per worker
-    (linear) elsewhere. Zero when nothing has been measured: the policy then keeps what the job has."""
+def throughput(status: ElasticTrainingJobStatus, procs_per_worker: int, running: int) -> Throughput:
+    """Samples/s by world size from the trainer's last report: measured at the world of that report, and
+    per worker (linear) elsewhere. Zero when nothing has been measured: the policy then keeps what the job
+    has.
+
+    The report's own world (status.worldSize, in ranks) is the size the rate belongs to, not the workers
+    running now: when every spot worker has just gone, none runs, and the rate they measured is exactly
+    what the policy needs to size the on-demand workers that replace them."""
     rate = status.progress.samples_per_second if status.progress else None
-    if not rate or workers <= 0:
+    measured_at = (status.world_size or 0) // max(1, procs_per_worker) or running
+    if not rate or measured_at <= 0:
         return Throughput(per_worker=0.0)
-    return Throughput(per_worker=rate / workers, measured={workers: rate})
+    return Throughput(per_worker=rate / measured_at, measured={measured_at: rate})
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,7 @@ def schedule(
             on_demand=standing.on_demand,
             max_workers=spec.replicas.max,
             max_on_demand=cap,
-            rate=throughput(status, running),
+            rate=throughput(status, spec.procs_per_worker, running),
             resize_s=costs.resize_s,
             on_demand_startup_s=costs.on_demand_startup_s,
             decision_interval_s=costs.decision_interval_s,
