@@ -295,6 +295,14 @@ MIN_STEP_SECONDS = _var(
     field="min_step_seconds",
     flag=True,
 )
+RANK_SAMPLES_PER_SECOND = _var(
+    "RANK_SAMPLES_PER_SECOND",
+    float,
+    "throttle: each rank trains at most this many samples a second, so throughput grows with the world "
+    "as on accelerators (CPU benches of the deadline policy; 0: off)",
+    field="rank_samples_per_second",
+    flag=True,
+)
 LOCAL_CHECKPOINT_DIR = _var(
     "LOCAL_CHECKPOINT_DIR",
     Path,

@@ -67,6 +67,14 @@ class TrainConfig:
     deterministic: bool = True
     dali_threads: int = 2
     min_step_seconds: float = 0.0  # throttle (demos/tests on a laptop: makes resizes land mid-training)
+    # Throttle per rank: on a CPU machine more workers do not train faster (they share the cores); with it
+    # a step lasts at least its share / this, so the world's rate grows with its size as on GPUs.
+    rank_samples_per_second: float = 0.0
+
+    def step_floor_s(self, rank_samples: int) -> float:
+        """The shortest a step may last under the throttles, for a rank training ``rank_samples``."""
+        rate = self.rank_samples_per_second
+        return max(self.min_step_seconds, rank_samples / rate if rate > 0 else 0.0)
 
     def __post_init__(self) -> None:
         # The environment gives text; the contract module is standard-library only.

@@ -192,8 +192,9 @@ class Step:
         if self.lost is not None:
             return
         with job.guard():
-            if cfg.min_step_seconds > 0:
-                time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - job._t_last)))
+            floor = cfg.step_floor_s(len(self.ids))
+            if floor > 0:
+                time.sleep(max(0.0, floor - (time.monotonic() - job._t_last)))
             if job._samples_log is not None:
                 # Logged before the commit: a rank killed right after it used to leave a committed step
                 # without its record (bench/chaos.py). A record of a step that never commits is harmless:
