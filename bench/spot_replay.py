@@ -12,7 +12,14 @@ trainer (`etj_testbed.demo.local.Demo`, process-backed nodes), three times, one 
 - ``ckpt_restart``: the same job with min = max = P on the same nodes: it trains only while P workers
   fit, stops when one is interrupted (the world cannot shrink), waits, and restarts from its checkpoint
   when capacity is back — the plain ``torchrun --nnodes=P`` job, run by the same trainer;
-- ``on_demand``: the same job with min = max = P on P on-demand nodes, never interrupted.
+- ``on_demand``: the same job with min = max = P on P on-demand nodes, never interrupted;
+- ``etj_deadline`` (not run unless named in ``--arms``; issue 28): the elastic job with ``spec.deadline``
+  (``--deadline-factor`` times the on-demand arm's training time, run first, or ``--deadline-seconds``) on
+  the trace's spot nodes and no on-demand node at all: the operator's deadline policy asks for on-demand
+  workers (pods only on-demand capacity can take) when the job falls behind, a stand-in autoscaler
+  (bench/economics/provisioner.py: Karpenter's contract, an on-demand node ``--od-delay`` seconds after such
+  a pod is pending, gone ``--od-idle`` seconds after it empties) brings their nodes, and the policy lets
+  them go first when spot returns.
 
 Same job, seed and data; each arm starts at the same point of the trace. For each: time to finish, node
 seconds by capacity type, cost at ``--price-spot`` / ``--price-on-demand`` (USD per node-hour of trace
@@ -24,6 +31,7 @@ and time ratios. Prints one JSON object, writes it to ``--out`` and a timeline P
         [--on-demand 1 --spot-nodes 3] [--price-spot 0.918 --price-on-demand 3.06]
         [--epochs 8] [--start busiest|TICK] [--arms etj,ckpt_restart,on_demand] [--traces DIR]
         [--out F.json] [--plot F.png]
+        [--arms on_demand,etj_deadline --deadline-factor 1.5 --rank-rate 32 --trace-from first-step]
 """
 
 from __future__ import annotations
@@ -59,9 +67,10 @@ from bench.economics.accounting import (  # noqa: E402
     goodput,
     node_seconds,
 )
+from bench.economics.provisioner import OnDemandProvisioner  # noqa: E402
 from bench.economics.traces import Trace, busiest_window, resolve_trace, scaled, schedule  # noqa: E402
 
-from etj_operator.constants import ROLE_RENDEZVOUS  # noqa: E402
+from etj_operator.constants import LABEL_CAPACITY, ROLE_RENDEZVOUS  # noqa: E402
 from etj_testbed.demo.local import Demo  # noqa: E402
 from etj_testbed.demo.script import SPOT_ITN, DemoResult, Script  # noqa: E402
 
@@ -72,6 +81,7 @@ PRICE_ON_DEMAND = 3.06
 PRICE_SPOT = 0.918
 NOTICE_S = 120.0  # AWS's interruption notice; the node goes earlier once its workers are drained
 ARMS = ("etj", "ckpt_restart", "on_demand")
+DEADLINE_ARM = "etj_deadline"
 
 
 class StoreTaken(RuntimeError):
@@ -89,6 +99,8 @@ class ArmSpec:
     # An on-demand node for the rendezvous store alone (workers may not run there); not billed: the
     # store is a small CPU service, not a training node.
     store_node: bool = False
+    # spec.deadline with the operator's policy; on-demand nodes only from the stand-in autoscaler.
+    deadline: bool = False
 
 
 @dataclass
@@ -101,7 +113,16 @@ class ReplayDemo(Demo):
     """`Demo` whose nodes follow a capacity trace. `Demo.run` polls `job()` once a second: the override
     brings the spot nodes to the trace's count at that moment (the same hook bench/chaos.py uses)."""
 
-    def __init__(self, *args: Any, arm: ArmSpec, time_scale: float, notice_s: float, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        arm: ArmSpec,
+        time_scale: float,
+        notice_s: float,
+        trace_from: str = "submit",
+        provisioner: OnDemandProvisioner | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.arm, self.time_scale, self.notice_s = arm, time_scale, notice_s
         horizon = self.script.timeout_s + 60
@@ -114,6 +135,14 @@ class ReplayDemo(Demo):
         self.spot_live: list[str] = []  # in service (not noticed), oldest first
         self.serial = 0
         self._making_demo_nodes = False
+        # The trace's clock: from submission, or (--trace-from first-step) from the job's first step, so a
+        # slow start on a loaded machine does not move the trace's events before training.
+        self.trace_from = trace_from
+        self.trace_t0: float | None = 0.0 if trace_from == "submit" else None
+        self.provisioner = provisioner
+        self.od_auto: list[str] = []  # on-demand nodes the stand-in autoscaler brought
+        self.od_serial = 0
+        self.by_capacity: list[tuple[float, int, int]] = []  # t, spot, on-demand workers (status)
 
     def event(self, what: str) -> None:
         if not self.result.t0:  # before submission (the first nodes): at 0 on the run's clock
@@ -135,14 +164,15 @@ class ReplayDemo(Demo):
         for i in range(self.arm.on_demand):
             self.add_node(f"{self.instance}-od-{i + 1}", ON_DEMAND)
         if self.arm.store_node:
-            self.add_node(f"{self.instance}-store", ON_DEMAND)
+            # No GPU: the store's pod needs none, and no worker may take this unbilled node.
+            self.add_node(f"{self.instance}-store", ON_DEMAND, gpus=0)
             self.log.spans[-1].capacity_type = STORE
         self.follow_trace()
 
-    def add_node(self, name: str, capacity_type: str) -> None:
+    def add_node(self, name: str, capacity_type: str, gpus: int = 1) -> None:
         if self._making_demo_nodes:
             return
-        super().add_node(name, capacity_type)
+        super().add_node(name, capacity_type, gpus)
         self.log.spans.append(NodeSpan(name, capacity_type, self.now()))
         if capacity_type == SPOT:
             self.spot_live.append(name)
@@ -156,8 +186,14 @@ class ReplayDemo(Demo):
 
     def job(self) -> JSON:
         job = super().job()
+        status = job.get("status") or {}
         # Demo.run appends one sample per call, right after it: the phase goes with that sample.
-        self.phases.append((job.get("status") or {}).get("phase"))
+        self.phases.append(status.get("phase"))
+        by = status.get("workersByCapacity") or {}
+        self.by_capacity.append((self.now(), by.get("spot") or 0, by.get("onDemand") or 0))
+        if self.trace_t0 is None and ((status.get("progress") or {}).get("step") or 0) > 0:
+            self.trace_t0 = self.now()
+            self.event("first step: the trace's clock starts")
         try:
             self.follow_trace()
         except Exception as e:  # a failed step is recorded, not fatal: the next poll tries again
@@ -198,7 +234,7 @@ class ReplayDemo(Demo):
                     )
 
     def wanted_spot(self) -> int:
-        t = self.now()
+        t = self.now() - self.trace_t0 if self.trace_t0 is not None else 0.0
         count = 0
         for step in self.steps:
             if step.t_s > t:
@@ -225,9 +261,39 @@ class ReplayDemo(Demo):
             self.interrupt(victim)
             self.notices[victim] = now
             self.event(f"interruption notice on {victim} (taint {SPOT_ITN}, cordon; trace: {want})")
-        offered = (self.now(), len(self.spot_live), self.arm.on_demand)
+        if self.provisioner is not None:
+            self.autoscale()
+        offered = (self.now(), len(self.spot_live), self.arm.on_demand + len(self.od_auto))
         if not self.log.offered or self.log.offered[-1][1:] != offered[1:]:
             self.log.offered.append(offered)
+
+    def autoscale(self) -> None:
+        """The stand-in autoscaler (bench/economics/provisioner.py) on this poll's pods and nodes."""
+        assert self.provisioner is not None
+        pods = self.kube.get(
+            f"/api/v1/namespaces/{self.ns}/pods", labelSelector=f"etj.dev/job={self.name},etj.dev/role=worker"
+        )
+        live = [p for p in pods.get("items") or [] if not p["metadata"].get("deletionTimestamp")]
+        pending = sum(
+            1
+            for p in live
+            if (p["metadata"].get("labels") or {}).get(LABEL_CAPACITY) == ON_DEMAND
+            and not p["spec"].get("nodeName")
+        )
+        bound = {p["spec"].get("nodeName") for p in pods.get("items") or []}
+        scaling = self.provisioner.step(self.now(), pending, {n: n in bound for n in self.od_auto})
+        for _ in range(scaling.launch):
+            self.od_serial += 1
+            name = f"{self.instance}-od-{self.od_serial}"
+            self.add_node(name, ON_DEMAND)
+            self.od_auto.append(name)
+            self.event(
+                f"on-demand capacity: {name} (autoscaler: {pending} pod(s) pinned to on-demand pending)"
+            )
+        for name in scaling.remove:
+            self.od_auto.remove(name)
+            self.remove_node(name)
+            self.event(f"{name} removed (autoscaler: empty)")
 
 
 def store_clients(store_ip: str) -> set[int]:
@@ -272,19 +338,55 @@ def arm_specs(trace: Trace, on_demand: int, spot_nodes: int, arms: list[str]) ->
             "ckpt_restart", spot_nodes, spot_nodes, 0, local, worker_types=(SPOT,), store_node=True
         ),
         "on_demand": ArmSpec("on_demand", peak, peak, peak, None),
+        # Spot only to start with; on-demand only as the deadline policy asks (the stand-in autoscaler).
+        DEADLINE_ARM: ArmSpec(DEADLINE_ARM, 1, peak, 0, local, store_node=True, deadline=True),
     }
     return [table[a] for a in arms]
 
 
-def job_manifest(base: JSON, arm: ArmSpec, epochs: int) -> JSON:
+def job_manifest(
+    base: JSON, arm: ArmSpec, epochs: int, deadline_s: float | None = None, rank_rate: float = 0.0
+) -> JSON:
     job = copy.deepcopy(base)
-    job["spec"]["training"]["epochs"] = epochs
-    job["spec"]["replicas"].update({"min": arm.replicas_min, "max": arm.replicas_max})
-    job["spec"].setdefault("placement", {})["capacityTypes"] = list(arm.worker_types)
+    spec = job["spec"]
+    spec["training"]["epochs"] = epochs
+    spec["replicas"].update({"min": arm.replicas_min, "max": arm.replicas_max})
+    spec.setdefault("placement", {})["capacityTypes"] = list(arm.worker_types)
+    if arm.deadline:
+        if deadline_s is None:
+            raise ValueError(f"arm {arm.name}: no deadline (--deadline-seconds, or the on_demand arm first)")
+        spec["deadline"] = {
+            "withinSeconds": max(60, round(deadline_s)),
+            "maxOnDemandWorkers": arm.replicas_max,
+        }
+    if rank_rate > 0:  # every arm: the same job
+        env = spec["trainer"].setdefault("env", [])
+        env.append({"name": "ETJ_RANK_SAMPLES_PER_SECOND", "value": str(rank_rate)})
     return job
 
 
-def run_arm(kubeconfig: Path, arm: ArmSpec, args: argparse.Namespace, run_dir: Path, base: JSON) -> JSON:
+def operator_args(arm: ArmSpec, args: argparse.Namespace) -> tuple[str, ...]:
+    """The deadline policy's costs, sized for the bed (its start-ups and resizes, its poll)."""
+    if not arm.deadline:
+        return ()
+    return (
+        "--resync-seconds",
+        str(args.od_resync),
+        "--on-demand-startup-seconds",
+        str(args.od_startup),
+        "--resize-seconds",
+        str(args.resize_cost),
+    )
+
+
+def run_arm(
+    kubeconfig: Path,
+    arm: ArmSpec,
+    args: argparse.Namespace,
+    run_dir: Path,
+    base: JSON,
+    deadline_s: float | None = None,
+) -> JSON:
     script = Script(interrupt_epoch=10**6, timeout_s=args.arm_timeout)
     instance = f"rp{arm.name.replace('_', '')[:6]}"
     for attempt in range(1, args.attempts + 1):
@@ -292,13 +394,16 @@ def run_arm(kubeconfig: Path, arm: ArmSpec, args: argparse.Namespace, run_dir: P
             kubeconfig,
             f"etj-replay-{arm.name.replace('_', '-')}",
             run_dir / (arm.name if attempt == 1 else f"{arm.name}-{attempt}"),
-            job_manifest(base, arm, args.epochs),
+            job_manifest(base, arm, args.epochs, deadline_s, args.rank_rate),
             script,
             instance,
             arm=arm,
             time_scale=args.time_scale,
             notice_s=args.notice,
+            trace_from=args.trace_from,
+            provisioner=OnDemandProvisioner(args.od_delay, args.od_idle) if arm.deadline else None,
         )
+        demo.operator_args = operator_args(arm, args)
         print(
             f"replay: arm {arm.name} ({arm.replicas_min}-{arm.replicas_max} workers), attempt {attempt}",
             file=sys.stderr,
@@ -317,6 +422,9 @@ def run_arm(kubeconfig: Path, arm: ArmSpec, args: argparse.Namespace, run_dir: P
         finally:
             demo.cleanup(delete_job=True)
         out = summarize(arm, result, demo.log, args, demo.phases)
+        out["workers_by_capacity"] = [list(b) for b in demo.by_capacity]
+        if arm.deadline:
+            out["deadline"] = deadline_outcome(result.status, deadline_s, demo.by_capacity)
         out["attempt"] = attempt
         return out
     raise RuntimeError(f"arm {arm.name}: another job kept taking port 29400 ({args.attempts} attempts)")
@@ -356,6 +464,7 @@ def summarize(
         "cost_usd": round(cost(seconds, prices, args.time_scale), 3),
         **gp.as_json(),
         "accuracy": accuracy,
+        "training_s": training_s(result.status),
         "exactly_once": None if samples is None else samples["ok"],
         "sample_problems": None if samples is None else samples["problems"],
         "resizes": [
@@ -381,14 +490,46 @@ def summarize(
     }
 
 
+def training_s(job: JSON) -> float | None:
+    """status.startTime (the first worker trains) to completionTime: what spec.deadline.withinSeconds
+    counts."""
+    from datetime import datetime
+
+    st = job.get("status") or {}
+    if not st.get("startTime") or not st.get("completionTime"):
+        return None
+    start, end = (
+        datetime.fromisoformat(st[k].replace("Z", "+00:00")) for k in ("startTime", "completionTime")
+    )
+    return round((end - start).total_seconds(), 1)
+
+
+def deadline_outcome(job: JSON, deadline_s: float | None, by_capacity: list[tuple[float, int, int]]) -> JSON:
+    """Was the deadline met; what the policy last said; how the on-demand workers came and went."""
+    st = job.get("status") or {}
+    took = training_s(job)
+    on_demand = [(t, od) for t, _, od in by_capacity]
+    return {
+        "within_s": deadline_s,
+        "training_s": took,
+        "met": took is not None and deadline_s is not None and took <= deadline_s,
+        "schedule": st.get("schedule"),
+        "cost": st.get("cost"),
+        "most_on_demand_workers": max((od for _, od in on_demand), default=0),
+        "on_demand_reasons": [
+            r.get("reason") for r in st.get("resizeHistory") or [] if "OnDemand" in str(r.get("reason"))
+        ],
+    }
+
+
 def ratios(arms: dict[str, JSON]) -> JSON:
     out: JSON = {}
-    etj = arms.get("etj")
-    for base in ("on_demand", "ckpt_restart"):
-        other = arms.get(base)
+    pairs = [("etj", b) for b in ("on_demand", "ckpt_restart")] + [(DEADLINE_ARM, "on_demand")]
+    for name, base in pairs:
+        etj, other = arms.get(name), arms.get(base)
         if etj is None or other is None:
             continue
-        out[f"etj_vs_{base}"] = {
+        out[f"{name}_vs_{base}"] = {
             "cost": round(etj["cost_usd"] / other["cost_usd"], 3) if other["cost_usd"] else None,
             "time": round(etj["wall_s"] / other["wall_s"], 3) if other["wall_s"] else None,
             # An unfinished baseline's time and cost are lower bounds: the ratios are then upper bounds.
@@ -411,7 +552,12 @@ def write_plot(report: JSON, path: Path) -> Path:
 
     arms = report["arms"]
     fig, axes = plt.subplots(3, 1, sharex=True, figsize=(10, 7.5))
-    colors = {"etj": "tab:blue", "ckpt_restart": "tab:orange", "on_demand": "tab:green"}
+    colors = {
+        "etj": "tab:blue",
+        "ckpt_restart": "tab:orange",
+        "on_demand": "tab:green",
+        DEADLINE_ARM: "tab:red",
+    }
     etj = arms.get("etj") or next(iter(arms.values()))
     offered = etj["series"]["offered"]
     if offered:
@@ -481,6 +627,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--arm-timeout", type=float, default=480.0, help="give an arm up after this many seconds")
     p.add_argument(
+        "--deadline-factor",
+        type=float,
+        default=1.5,
+        help="etj_deadline: the deadline, times the on_demand arm's training time (run before it)",
+    )
+    p.add_argument("--deadline-seconds", type=float, help="etj_deadline: the deadline itself (bed seconds)")
+    p.add_argument("--od-delay", type=float, default=3.0, help="stand-in autoscaler: a node's start-up (s)")
+    p.add_argument("--od-idle", type=float, default=5.0, help="stand-in autoscaler: an empty node goes (s)")
+    p.add_argument(
+        "--od-startup", type=float, default=30.0, help="deadline policy: on-demand start-up it expects (s)"
+    )
+    p.add_argument("--resize-cost", type=float, default=5.0, help="deadline policy: a resize's stall (s)")
+    p.add_argument("--od-resync", type=float, default=5.0, help="deadline policy: the operator's resync (s)")
+    p.add_argument(
+        "--rank-rate",
+        type=float,
+        default=0.0,
+        help="ETJ_RANK_SAMPLES_PER_SECOND for every arm: throughput grows with the world (0: off)",
+    )
+    p.add_argument(
+        "--trace-from",
+        choices=("submit", "first-step"),
+        default="submit",
+        help="the trace's clock starts at submission, or at the job's first step",
+    )
+    p.add_argument(
         "--attempts", type=int, default=3, help="tries per arm when another job takes the store port"
     )
     p.add_argument("--manifest", type=Path, default=REPO / "examples" / "demo-cpu.yaml")
@@ -500,14 +672,27 @@ def replay(kubeconfig: Path, args: argparse.Namespace, run_dir: Path) -> JSON:
     trace = resolve_trace(args.trace, args.traces)
     start = busiest_window(trace.counts, args.window) if args.start == "busiest" else int(args.start)
     windowed = trace.window(start)
-    arms = arm_specs(windowed, args.on_demand, args.spot_nodes, [a for a in args.arms.split(",") if a])
+    names = [a for a in args.arms.split(",") if a]
+    if DEADLINE_ARM in names and args.deadline_seconds is None:
+        if "on_demand" not in names:
+            raise SystemExit(f"{DEADLINE_ARM}: give --deadline-seconds, or run the on_demand arm too")
+        # The deadline is a multiple of the on-demand arm's time: run that one first.
+        names.sort(key=lambda n: n != "on_demand")
+    arms = arm_specs(windowed, args.on_demand, args.spot_nodes, names)
     base = yaml.safe_load(args.manifest.read_text())
     print(
         f"replay: {trace.name} from tick {start}, x{args.time_scale:g}, run directory {run_dir}",
         file=sys.stderr,
     )
     t0 = time.monotonic()
-    results = {arm.name: run_arm(kubeconfig, arm, args, run_dir, base) for arm in arms}
+    results: dict[str, JSON] = {}
+    for arm in arms:
+        deadline_s = args.deadline_seconds
+        if arm.deadline and deadline_s is None:
+            deadline_s = args.deadline_factor * (
+                results["on_demand"]["training_s"] or results["on_demand"]["wall_s"]
+            )
+        results[arm.name] = run_arm(kubeconfig, arm, args, run_dir, base, deadline_s)
     report: JSON = {
         "trace": trace.name,
         "start_tick": start,

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from bench.economics.provisioner import OnDemandProvisioner, Scaling
 from bench.economics.traces import Trace
 from bench.spot_replay import arm_specs, job_manifest, ratios
 
@@ -45,3 +46,36 @@ def test_ratios_are_etj_over_each_baseline() -> None:
         "etj_vs_on_demand": {"cost": 0.25, "time": 1.5, "baseline_finished": True},
         "etj_vs_ckpt_restart": {"cost": 0.5, "time": 0.5, "baseline_finished": False},
     }
+
+
+def test_the_on_demand_stand_in_autoscaler() -> None:
+    """Karpenter's contract on the bed (bench/economics/provisioner.py): pending on-demand pods get nodes
+    after the delay, never twice for the same pods; an empty node goes after idle_s, a busy one never."""
+    p = OnDemandProvisioner(delay_s=3.0, idle_s=5.0)
+    steps = [
+        # (now, pending, nodes {name: busy}) -> (launch, remove)
+        ("nothing pending: nothing happens", 0.0, 0, {}, Scaling()),
+        ("two pods pending: two nodes asked for, none up yet", 1.0, 2, {}, Scaling()),
+        ("still pending before the delay: no second order", 2.0, 2, {}, Scaling()),
+        ("the delay has passed: both come up", 4.0, 2, {}, Scaling(launch=2)),
+        ("nodes up, pods not bound yet: no new order", 5.0, 2, {"od-1": False, "od-2": False}, Scaling()),
+        ("both bound", 6.0, 0, {"od-1": True, "od-2": True}, Scaling()),
+        (
+            "one released (its worker left): idle, not yet gone",
+            7.0,
+            0,
+            {"od-1": True, "od-2": False},
+            Scaling(),
+        ),
+        ("idle for 5 s: consolidated", 12.0, 0, {"od-1": True, "od-2": False}, Scaling(remove=("od-2",))),
+        ("a busy node is never removed", 30.0, 0, {"od-1": True}, Scaling()),
+    ]
+    for what, now, pending, nodes, want in steps:
+        assert p.step(now, pending, nodes) == want, what
+
+
+def test_an_empty_node_a_pending_pod_can_take_is_kept() -> None:
+    p = OnDemandProvisioner(delay_s=3.0, idle_s=1.0)
+    assert p.step(0.0, 0, {"od-1": False}) == Scaling()
+    assert p.step(10.0, 1, {"od-1": False}) == Scaling()  # idle long enough, but a pod is about to bind
+    assert p.step(11.0, 0, {"od-1": False}) == Scaling(remove=("od-1",))

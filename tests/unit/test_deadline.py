@@ -122,7 +122,12 @@ CASES = [
         0,
         Why.HOLD,
     ),
-    Case("finished: nothing", at(1.0, 900.0, spot=0, on_demand=3), 0, Why.FINISHED),
+    Case(
+        "finished: the on-demand workers stay until they exit by themselves",
+        at(1.0, 900.0, spot=0, on_demand=3),
+        3,
+        Why.FINISHED,
+    ),
     Case(
         "no rate measured yet: keep what the job has",
         at(0.2, 300.0, on_demand=2, rate=Throughput(0.0)),

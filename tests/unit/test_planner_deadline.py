@@ -114,6 +114,18 @@ CASES = [
         pin_spot=True,
         reason="AheadOfSchedule",
     ),
+    # Every sample trained (the trainer validates, reports and exits next): spot is back, but draining
+    # the on-demand workers now would take the exit that finishes the job from them (seen on the bed: the
+    # job stayed Pending, its replacements waiting for spot).
+    Case(
+        "training done with spot back: on-demand workers are not drained before they exit",
+        job(deadline_spec(within=10_800), progress(TOTAL, 4)),
+        observe([*cluster(spot=4), od_node(0), od_node(1)], MIXED),
+        on_demand_created=0,
+        drains=[],
+        pin_spot=True,
+        reason="Finished",
+    ),
     # Ahead by 100 s only (< margin + a resize) and no spot to replace them: keep them (no thrash).
     Case(
         "ahead by less than the margin, no spot to take over: on-demand stays",

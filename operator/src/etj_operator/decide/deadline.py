@@ -167,7 +167,9 @@ def decide(inp: DeadlineInputs) -> DeadlineDecision:
         return DeadlineDecision(k, why, slack, _finish_s(inp, left, k), rate_needed)
 
     if left <= 0:
-        return out(0, Why.FINISHED)
+        # Every sample is trained, but the workers still validate, report and exit 0, and only a worker
+        # exiting by itself finishes the job: draining them now would leave it waiting for replacements.
+        return out(inp.on_demand, Why.FINISHED)
     if cap == 0:
         return out(0, Why.ON_DEMAND_DISABLED)
     if inp.rate.at(1) <= 0:

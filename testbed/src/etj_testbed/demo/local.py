@@ -41,6 +41,9 @@ from etj_testbed.localcluster.proclet_nodes import INSTANCE_LABEL, process_node,
 
 
 class Demo:
+    # Extra `etj operator run` flags (the spot replay's deadline arm sets the policy's bed-sized costs).
+    operator_args: tuple[str, ...] = ()
+
     def __init__(
         self,
         kubeconfig: Path,
@@ -100,6 +103,7 @@ class Demo:
             "0",
             "--progress-seconds",  # a livelier view than the default 10 s
             "2",
+            *self.operator_args,
         ]
         with open(self.run_dir / "operator.log", "ab") as log:
             self.procs.append(
@@ -113,12 +117,12 @@ class Demo:
         ):
             self.add_node(f"{self.instance}-{name}", ctype)
 
-    def add_node(self, name: str, capacity_type: str) -> None:
+    def add_node(self, name: str, capacity_type: str, gpus: int = 1) -> None:
         self.kubectl(
             "apply",
             "-f",
             "-",
-            stdin=yaml.safe_dump(process_node(name, capacity_type, 1, instance=self.instance)),
+            stdin=yaml.safe_dump(process_node(name, capacity_type, gpus, instance=self.instance)),
         )
         self.nodes.append(name)
 
