@@ -84,7 +84,7 @@ def network_policy(
 def store_disruption_budget(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
     """maxUnavailable 0 over the store pod: evictions (``kubectl drain``, Karpenter, the cluster autoscaler)
     wait instead of taking the rendezvous away. The operator itself moves the store by deleting it (no
-    eviction), on a real notice that its node goes away (planner.STORE_STAYS_ON)."""
+    eviction), on a real notice that its node goes away (interruptions.STORE_STAYS_ON)."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

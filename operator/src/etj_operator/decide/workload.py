@@ -342,7 +342,7 @@ def _needs_scratch_checkpoint_dir(spec: ElasticTrainingJobSpec, mounts: list[dic
 
 
 def _image(spec: ElasticTrainingJobSpec, image: str | None) -> str:
-    """The resolved image (``planner.trainer_image``) or the spec's; a pod without one is a bug."""
+    """The resolved image (``plan_model.trainer_image``) or the spec's; a pod without one is a bug."""
     resolved = image or spec.trainer.image
     if not resolved:
         raise ValueError("no trainer image: spec.trainer.image is unset and no default was resolved")

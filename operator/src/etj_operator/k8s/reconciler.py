@@ -94,7 +94,7 @@ class JobRunner:
         self.token: str | None = None  # the job's progress token (derived from its uid once known)
         self.create_rejection: str | None = None  # the apiserver's refusal of our last pod create
         # (store pod uid, bounds) the store has taken. The uid, not the name: a replacement store pod may
-        # reuse a force-deleted one's name (planner.next_rendezvous_index) and knows no bounds yet.
+        # reuse a force-deleted one's name (plan_steps.next_rendezvous_index) and knows no bounds yet.
         self.bounds_told: tuple[str, Replicas] | None = None
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
