@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec
+from etj_operator.decide.placement import capacity_tolerations
 from etj_operator.decide.plan_model import Observed
-from etj_operator.decide.workload import capacity_tolerations
 from etj_operator.observe.nodes import NodeInfo, fits
 from etj_operator.quantity import MILLI_RESOURCES, parse_milli
 

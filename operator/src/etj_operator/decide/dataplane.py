@@ -2,7 +2,7 @@
 progress token, the Secret that carries it to the pods, the NetworkPolicy that admits only the job's own
 pods and the operator) and the store's PodDisruptionBudget.
 
-Pure builders, like workload.py (which puts the token into the pods' env by Secret name).
+Pure builders, like manifests.py (which puts the token into the pods' env by Secret name).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_operator.constants import LABEL_JOB, LABEL_ROLE, ROLE_RENDEZVOUS
-from etj_operator.decide.workload import TOKEN_KEY, owned_metadata, rendezvous_name, token_secret_name
+from etj_operator.decide.names import TOKEN_KEY, owned_metadata, rendezvous_name, token_secret_name
 
 
 def network_policy_name(job: str) -> str:

@@ -33,8 +33,8 @@ from etj_operator.decide.conditions import (
     build_conditions,
     ready_reason,
 )
+from etj_operator.decide.names import worker_selector
 from etj_operator.decide.types import Drain, KubeEvent
-from etj_operator.decide.workload import worker_selector
 from etj_operator.observe.signals import INTERRUPTIONS, Reason
 from etj_operator.timeutil import parse_time
 

@@ -82,7 +82,7 @@ class Plan:
     drains: list[Drain] = field(default_factory=list)
     ensure_service: bool = False
     create_rendezvous: bool = False
-    rendezvous_index: int = 0  # the new store pod is workload.rendezvous_pod_name(job, index)
+    rendezvous_index: int = 0  # the new store pod is names.rendezvous_pod_name(job, index)
     rendezvous_capacity: list[CapacityType] = field(default_factory=list)
     status: ElasticTrainingJobStatus = field(default_factory=ElasticTrainingJobStatus)
     trainer_image: str | None = None  # what new worker and store pods run (None: nothing may be created)

@@ -17,10 +17,10 @@ from etj_operator.decide.deadline_plan import CapacityPlan
 from etj_operator.decide.finish import FINAL_REPORT_MISSING, Finish, finish
 from etj_operator.decide.interruptions import interruption_of, not_ready_wait, store_drains
 from etj_operator.decide.job_status import StatusInputs, build_status
+from etj_operator.decide.names import rendezvous_index
 from etj_operator.decide.plan_deadline import deadline_step, schedule_status
 from etj_operator.decide.plan_model import JobView, Observed, Plan, trainer_image
 from etj_operator.decide.types import Drain, KubeEvent
-from etj_operator.decide.workload import rendezvous_index
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import INTERRUPTIONS, Reason
 

@@ -20,8 +20,8 @@ import kopf
 
 from etj_operator.api.models import CapacityType
 from etj_operator.api.schedule import DEFAULT_PRICE_ON_DEMAND, DEFAULT_PRICE_SOURCE, DEFAULT_PRICE_SPOT
+from etj_operator.decide.pod_env import DEFAULT_WORKER_GRACE_SECONDS
 from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
-from etj_operator.decide.workload import DEFAULT_WORKER_GRACE_SECONDS
 from etj_operator.k8s import handlers
 from etj_operator.k8s.metrics import serve
 from etj_operator.k8s.reconciler import Settings

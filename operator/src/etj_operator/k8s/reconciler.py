@@ -31,7 +31,7 @@ from etj_contract.ports import PROGRESS_PORT
 from etj_contract.replicas import Replicas
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
-from etj_operator.decide import dataplane, workload
+from etj_operator.decide import dataplane, manifests, pod_env
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
 from etj_operator.k8s.client import KubeClient
@@ -51,7 +51,7 @@ class Settings:
     resync_seconds: float = 30.0
     progress_seconds: float = 10.0  # 0 disables polling the store's /progress
     progress_port: int = PROGRESS_PORT  # where store pods serve it (docs/contract.md)
-    worker_grace_seconds: int = workload.DEFAULT_WORKER_GRACE_SECONDS
+    worker_grace_seconds: int = pod_env.DEFAULT_WORKER_GRACE_SECONDS
     default_trainer_image: str | None = None  # for jobs without spec.trainer.image
     # Namespaces watched (empty: all). Namespaced, the GPU-usage index sees only these namespaces' pods.
     namespaces: tuple[str, ...] = ()
@@ -245,7 +245,7 @@ class JobRunner:
             self.service_checked = time.monotonic()
         creates: list[Any] = []
         if result.create_rendezvous:
-            store = workload.rendezvous_pod(
+            store = manifests.rendezvous_pod(
                 job.spec,
                 job=job.name,
                 namespace=job.namespace,
@@ -257,7 +257,7 @@ class JobRunner:
         pinned = [(s, CapacityType.SPOT if result.pin_spot else None) for s in result.create_workers]
         pinned += [(s, CapacityType.ON_DEMAND) for s in result.create_on_demand]
         for slot, capacity in pinned:
-            body = workload.worker_pod(
+            body = manifests.worker_pod(
                 job.spec,
                 job=job.name,
                 namespace=job.namespace,
@@ -312,7 +312,7 @@ class JobRunner:
     async def _job_objects(self, job: JobView) -> list[Any]:
         ids = {"job": job.name, "namespace": job.namespace, "uid": job.uid}
         bodies = [
-            workload.rendezvous_service(**ids),
+            manifests.rendezvous_service(**ids),
             dataplane.token_secret(**ids, token=self._token()),
             dataplane.store_disruption_budget(**ids),
         ]
