@@ -24,7 +24,7 @@ from etj_operator.decide.pod_env import DEFAULT_WORKER_GRACE_SECONDS
 from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
 from etj_operator.k8s import handlers
 from etj_operator.k8s.metrics import serve
-from etj_operator.k8s.reconciler import Settings
+from etj_operator.k8s.settings import Settings
 from etj_operator.observe.nodes import CapacityRules
 
 log = logging.getLogger(__name__)
