@@ -20,7 +20,7 @@ from etj_operator.k8s.settings import Settings
 from etj_operator.k8s.store_client import StoreClient
 from etj_operator.observe.nodes import NodeInfo
 from etj_operator.observe.pods import PodInfo
-from tests.unit.factories import worker
+from tests.operator.factories import worker
 
 
 class StaticWorld:
@@ -156,7 +156,7 @@ def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> 
     # report, so the final one (accuracy) never reached status when the poll had not come round yet
     from etj_trainer.progress import post_json
     from etj_trainer.store_server import ProgressState, make_http_server
-    from tests.unit.factories import spec, started, store
+    from tests.operator.factories import spec, started, store
 
     ip = "127.0.0.1"
     httpd = make_http_server(ip, 0, ProgressState())
@@ -191,7 +191,7 @@ def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() ->
     # clean-clone run of the store-loss demo); that fresh store never heard of a `kubectl scale` before it
     from etj_contract.replicas import Replicas
     from etj_trainer.store_server import ProgressState, make_http_server
-    from tests.unit.factories import job, spec, store
+    from tests.operator.factories import job, spec, store
 
     told: list[Replicas] = []
     ip = "127.0.0.1"

@@ -14,7 +14,7 @@ from etj_operator.decide.pod_env import worker_env
 from etj_trainer import cli
 from etj_trainer.agent import AgentConfig
 from etj_trainer.config import TrainConfig
-from tests.unit.factories import job
+from tests.operator.factories import job
 
 SAMPLE = {int: "7", float: "0.5", str: "DynamicSGD", Path: "/p", etj_env.truthy: "true"}
 

@@ -12,7 +12,7 @@ from etj_operator.decide import manifests
 from etj_operator.decide.conditions import ConditionReason
 from etj_operator.decide.planner import JobView, plan, trainer_image
 from etj_operator.k8s.main import build_state, parse_args
-from tests.unit.factories import cluster, job, observe, spec, started, status, store, worker
+from tests.operator.factories import cluster, job, observe, spec, started, status, store, worker
 
 NO_IMAGE = ConditionReason.NO_TRAINER_IMAGE
 

@@ -19,7 +19,7 @@ from etj_operator.decide.planner import JobView, Observed, plan
 from etj_operator.decide.schedule import PriceDefaults
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason
-from tests.unit.factories import NOW, cluster, job, node, observe, spec, started, store, worker
+from tests.operator.factories import NOW, cluster, job, node, observe, spec, started, store, worker
 
 TOTAL = 3_600_000
 
