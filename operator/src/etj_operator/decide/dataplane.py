@@ -2,7 +2,7 @@
 progress token, the Secret that carries it to the pods, the NetworkPolicy that admits only the job's own
 pods and the operator) and the store's PodDisruptionBudget.
 
-Pure builders, like manifests.py (which puts the token into the pods' env by Secret name).
+Pure builders, like manifests.py (pod_env.py puts the token into the pods' env by Secret name).
 """
 
 from __future__ import annotations
