@@ -75,9 +75,8 @@ from etj_trainer.dynamic_sgd import DynamicSGD
 from etj_trainer.sampler import ElasticSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dynamic_sgd_experiment import _mean_std, _sha, compare
+from dynamic_sgd_stats import MOMENTUM, compare, mean_std, sha
 
-MOMENTUM = 0.9
 WEIGHT_DECAY = 5e-4
 DECAY_FACTOR = 0.1
 BACKGROUND = (0.0 - MEAN) / STD  # a blank pixel after normalisation: the shift's padding
@@ -230,7 +229,7 @@ def run(
     """One arm. ``ramp_steps=None``: LR never rescaled; ``0``: immediate jump; ``T > 0``: Dynamic SGD."""
     torch.manual_seed(seed)  # the only source of randomness in the initial weights
     model = bn_cnn()
-    init_sha = _sha(*(p.detach().numpy() for p in model.parameters()))
+    init_sha = sha(*(p.detach().numpy() for p in model.parameters()))
     initial, _ = _evaluate(model, data.train)
     opt = DynamicSGD(
         model.parameters(),
@@ -343,7 +342,7 @@ METRICS = {
 
 
 def _arm_summary(results: list[RunResult], keep_traces: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {m: _mean_std([getattr(r, m) for r in results]) for m in METRICS}
+    out: dict[str, Any] = {m: mean_std([getattr(r, m) for r in results]) for m in METRICS}
     out["diverged"] = sum(r.diverged for r in results)
     out["per_seed"] = {
         m: [round(v, 4) if math.isfinite(v := getattr(r, m)) else None for r in results] for m in METRICS

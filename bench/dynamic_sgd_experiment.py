@@ -37,12 +37,12 @@ import argparse
 import hashlib
 import json
 import math
-import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -51,7 +51,10 @@ from etj_trainer.dynamic_sgd import DynamicSGD
 from etj_trainer.models import build_model
 from etj_trainer.sampler import ElasticSampler
 
-MOMENTUM = 0.9
+# The statistics and fingerprints both Dynamic SGD experiments share (this one and dynamic_sgd_cnn.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dynamic_sgd_stats import MOMENTUM, compare, mean_std, sha
+
 MODEL = "etj_trainer.models:tiny_mlp"
 
 
@@ -85,13 +88,6 @@ class RunResult:
     minibatch_losses: list[float] = field(default_factory=list)
 
 
-def _sha(*arrays: np.ndarray) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()[:16]
-
-
 @torch.no_grad()
 def _full_loss(model: torch.nn.Module, src: TensorSource) -> float:
     return float(F.cross_entropy(model(src.images), src.labels))
@@ -113,7 +109,7 @@ def run(
 ) -> RunResult:
     """One arm. ``ramp_steps=None``: no LR scaling; ``0``: immediate jump; ``T > 0``: Dynamic SGD ramp."""
     model = _model(seed)
-    init_sha = _sha(*(p.detach().numpy() for p in model.parameters()))
+    init_sha = sha(*(p.detach().numpy() for p in model.parameters()))
     opt = DynamicSGD(model.parameters(), lr=base_lr, ramp_steps=ramp_steps or 0, momentum=MOMENTUM)
     sampler = ElasticSampler(train.num_samples, seed)
     order = hashlib.sha256()
@@ -219,73 +215,6 @@ def select_base_lr(cfg: Config, train: TensorSource, k: int | None = None) -> tu
     return max(stable), table
 
 
-def _mean_std(xs: list[float]) -> dict[str, float | None]:
-    finite = [x for x in xs if math.isfinite(x)]
-    if not finite:
-        return {"mean": None, "std": None}
-    return {
-        "mean": round(statistics.mean(finite), 4),
-        "std": round(statistics.stdev(finite), 4) if len(finite) > 1 else 0.0,
-    }
-
-
-def _sign_test_p(wins: int, losses: int) -> float:
-    """Exact two-sided binomial sign test (ties dropped)."""
-    n = wins + losses
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
-def t_two_sided_p(t: float, df: int) -> float:
-    """Two-sided p of Student's t with integer ``df`` (closed form, Abramowitz & Stegun 26.7.3/26.7.4)."""
-    if df < 1:
-        raise ValueError("df must be >= 1")
-    theta = math.atan(abs(t) / math.sqrt(df))
-    s, c2 = math.sin(theta), math.cos(theta) ** 2
-    term, series = 1.0, 1.0
-    if df % 2:  # A = 2/pi (theta + sin cos (1 + 2/3 cos^2 + 2*4/(3*5) cos^4 + ... up to cos^(df-3)))
-        for j in range(1, (df - 1) // 2):
-            term *= c2 * (2 * j) / (2 * j + 1)
-            series += term
-        inside = 2 / math.pi * (theta + (s * math.cos(theta) * series if df > 1 else 0.0))
-    else:  # A = sin (1 + 1/2 cos^2 + 1*3/(2*4) cos^4 + ... up to cos^(df-2))
-        for j in range(1, df // 2):
-            term *= c2 * (2 * j - 1) / (2 * j)
-            series += term
-        inside = s * series
-    return min(1.0, max(0.0, 1.0 - inside))
-
-
-def compare(dyn: list[float], jump: list[float], lower_is_better: bool = True) -> dict[str, Any]:
-    """Paired per-seed comparison of a dynamic arm against the jump (diverged runs count as the worst)."""
-    sign = 1.0 if lower_is_better else -1.0
-    wins = sum(1 for d, j in zip(dyn, jump, strict=True) if sign * (d - j) < 0)
-    losses = sum(1 for d, j in zip(dyn, jump, strict=True) if sign * (d - j) > 0)
-    diffs = [d - j for d, j in zip(dyn, jump, strict=True) if math.isfinite(d) and math.isfinite(j)]
-    t_stat = t_p = None
-    if len(diffs) > 1 and statistics.stdev(diffs) > 0:
-        t = statistics.mean(diffs) / (statistics.stdev(diffs) / math.sqrt(len(diffs)))
-        t_stat, t_p = round(t, 3), round(t_two_sided_p(t, len(diffs) - 1), 4)
-    p = _sign_test_p(wins, losses)
-    if p < 0.05 and wins > losses:
-        verdict = "dynamic_better"
-    elif p < 0.05 and losses > wins:
-        verdict = "jump_better"
-    else:
-        verdict = "no_significant_difference"
-    return {
-        "seeds_dynamic_better": wins,
-        "seeds_jump_better": losses,
-        "mean_paired_diff_dynamic_minus_jump": round(statistics.mean(diffs), 4) if diffs else None,
-        "paired_t": t_stat,
-        "paired_t_p": t_p,  # two-sided, df = finite pairs - 1 (context; the verdict is the sign test)
-        "sign_test_p": round(p, 4),
-        "verdict": verdict,
-    }
-
-
 def _arm_summary(results: list[RunResult], keep_traces: bool) -> dict[str, Any]:
     per_seed: dict[str, Any] = {
         "final_train_loss": [round(r.final_train_loss, 4) if not r.diverged else None for r in results],
@@ -296,12 +225,12 @@ def _arm_summary(results: list[RunResult], keep_traces: bool) -> dict[str, Any]:
         ],
     }
     out: dict[str, Any] = {
-        "final_train_loss": _mean_std([r.final_train_loss for r in results]),
-        "val_accuracy": _mean_std([r.val_accuracy for r in results]),
-        "val_loss": _mean_std([r.val_loss for r in results]),
-        "loss_before_change": _mean_std([r.loss_before_change for r in results]),
-        "peak_loss_after_change": _mean_std([r.peak_loss_after_change for r in results]),
-        "peak_excess_over_before": _mean_std(
+        "final_train_loss": mean_std([r.final_train_loss for r in results]),
+        "val_accuracy": mean_std([r.val_accuracy for r in results]),
+        "val_loss": mean_std([r.val_loss for r in results]),
+        "loss_before_change": mean_std([r.loss_before_change for r in results]),
+        "peak_loss_after_change": mean_std([r.peak_loss_after_change for r in results]),
+        "peak_excess_over_before": mean_std(
             [r.peak_loss_after_change - r.loss_before_change for r in results]
         ),
         "diverged": sum(r.diverged for r in results),

@@ -182,7 +182,7 @@ CASES: list[Case] = [
         pydantic_why="Field required",
     ),
     # trainer
-    # (No "image-missing" case: an unset image is the operator's default trainer image, tests/unit and
+    # (No "image-missing" case: an unset image is the operator's default trainer image, tests/operator and
     # tests/integration check that path.)
     Case(
         "image-empty",

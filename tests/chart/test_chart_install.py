@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from etj_testbed.localcluster.fake_nodes import fake_gpu_node
-from etj_testbed.localcluster.proclet import Proclet, process_node, selector_for
+from etj_testbed.localcluster.proclet.harness import Proclet, process_node, selector_for
 from tests.chart.helmbed import CHART, JSON, REPO, helm, value_args
 from tests.plugins.cluster import Cluster
 

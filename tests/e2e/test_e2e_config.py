@@ -22,7 +22,7 @@ from etj_testbed.demo.cluster import ClusterDemo
 from etj_testbed.demo.local import Demo
 from etj_testbed.demo.script import SPOT_ITN, Script
 from etj_testbed.localcluster.fake_nodes import fake_gpu_node
-from etj_testbed.localcluster.proclet_nodes import INSTANCE_LABEL
+from etj_testbed.localcluster.proclet.nodes import INSTANCE_LABEL
 from tests.chart.test_workflows import kind_sh
 from tests.e2e.e2econfig import E2EConfig
 from tests.plugins.cluster import Cluster

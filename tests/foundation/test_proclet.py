@@ -23,8 +23,7 @@ import pytest
 import yaml
 from tests.plugins.cluster import Cluster
 
-from etj_testbed.localcluster.proclet import Proclet, iter_pids_with_marker, start_subprocess
-from etj_testbed.localcluster.proclet_env import (
+from etj_testbed.localcluster.proclet.env import (
     LoopbackIPs,
     command_line,
     container_env,
@@ -34,16 +33,17 @@ from etj_testbed.localcluster.proclet_env import (
     service_names,
     substitute_services,
 )
-from etj_testbed.localcluster.proclet_kube import Kube
-from etj_testbed.localcluster.proclet_nodes import (
+from etj_testbed.localcluster.proclet.harness import Proclet, iter_pids_with_marker, start_subprocess
+from etj_testbed.localcluster.proclet.kube import Kube
+from etj_testbed.localcluster.proclet.nodes import (
     INSTANCE_LABEL,
     NODE_RUNTIME_LABEL,
     node_status_patch,
     process_node,
     selector_for,
 )
-from etj_testbed.localcluster.proclet_proc import MARK_ROOT, is_running, reap_marked
-from etj_testbed.localcluster.proclet_status import ContainerRun, exit_code, pod_status
+from etj_testbed.localcluster.proclet.proc import MARK_ROOT, is_running, reap_marked
+from etj_testbed.localcluster.proclet.status import ContainerRun, exit_code, pod_status
 
 JSON = dict[str, Any]
 

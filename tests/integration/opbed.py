@@ -194,7 +194,7 @@ def operator_and_a_store_node(bed: Bed, cluster: Cluster, tmp_path: Path) -> Ite
     """The operator reading progress every second, and an on-demand process node where the job's store runs
     for real (a proclet runs its pod as a process): for tests that speak to the store as the operator does.
     Worker pods stay kwok pods on the test's own nodes."""
-    from etj_testbed.localcluster.proclet import Proclet, process_node, selector_for
+    from etj_testbed.localcluster.proclet.harness import Proclet, process_node, selector_for
 
     instance = f"p{uuid.uuid4().hex[:6]}"
     proclet = Proclet(cluster.kubeconfig, root=tmp_path / "proclet", selector=selector_for(instance)).start()

@@ -31,7 +31,7 @@ from etj_contract.ports import PROGRESS_PORT
 from etj_contract.progress import MAX_BODY_BYTES, PROGRESS_PATH
 from etj_contract.replicas import REPLICAS_PATH, Replicas
 from etj_operator.decide.dataplane import job_token
-from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.store_client import StoreClient
 from etj_trainer import bounds
 from etj_trainer.local_launcher import free_port
 from etj_trainer.progress import get_json, post_json
@@ -123,11 +123,11 @@ def test_the_operator_reads_progress_with_the_jobs_token(store_url: str) -> None
     host, port = store_url.split("/")[2].split(":")
 
     async def read(token: str | None) -> dict[str, Any] | None:
-        kube = KubeClient(client.ApiClient())
+        store = StoreClient()
         try:
-            return await kube.fetch_progress(host, int(port), token=token)
+            return await store.fetch_progress(host, int(port), token=token)
         finally:
-            await kube.close()
+            await store.close()
 
     assert asyncio.run(read(TOKEN)) == {"step": 5, "resizes": [], "finished": False}
     assert asyncio.run(read(None)) is None
@@ -142,11 +142,11 @@ def test_the_operator_sets_the_replica_bounds_that_running_agents_read(store_url
     assert bounds.read_from(store_url, token=TOKEN) is None  # nothing said yet: the env's bounds
 
     async def post(token: str | None) -> bool:
-        kube = KubeClient(client.ApiClient())
+        store = StoreClient()
         try:
-            return await kube.post_replicas(host, Replicas(1, 4), int(port), token=token)
+            return await store.post_replicas(host, Replicas(1, 4), int(port), token=token)
         finally:
-            await kube.close()
+            await store.close()
 
     assert asyncio.run(post(None)) is False  # anyone else cannot resize the job
     assert bounds.read_from(store_url, token=TOKEN) is None

@@ -18,7 +18,7 @@ from typing import Any
 from etj_testbed.demo.local import Demo
 from etj_testbed.demo.script import DemoResult, Script
 from etj_testbed.localcluster import toolchain
-from etj_testbed.localcluster.proclet_kube import Kube
+from etj_testbed.localcluster.proclet.kube import Kube
 from tests.e2e.e2econfig import E2EConfig, demo_job
 
 REPO = Path(__file__).resolve().parents[2]

@@ -133,6 +133,13 @@ def test_base_lr_rule_rejects_unstable_and_keeps_stable_lrs(exp: ModuleType) -> 
         exp.select_base_lr(cfg, digits_tensor_source("train"), k=4000)
 
 
+@pytest.fixture(scope="module")
+def stats(exp: ModuleType) -> ModuleType:
+    """bench/dynamic_sgd_stats.py, the statistics both experiments import (the module they loaded)."""
+    assert exp.compare.__module__ == "dynamic_sgd_stats"
+    return sys.modules["dynamic_sgd_stats"]
+
+
 # ---- bench/dynamic_sgd_cnn.py: the BatchNorm-CNN experiment (docs/dynamic-sgd.md), run in its --quick mode
 
 
@@ -257,7 +264,7 @@ def test_cnn_summaries_are_recomputed_from_the_runs(cnn: ModuleType, quick: dict
                 assert e["arms"]["jump"][m]["mean"] == pytest.approx(sum(vals) / len(vals), abs=1e-4)
 
 
-def test_statistics_on_fixed_input(exp: ModuleType, cnn: ModuleType) -> None:
+def test_statistics_on_fixed_input(exp: ModuleType, cnn: ModuleType, stats: ModuleType) -> None:
     # diffs -1, -0.5, -0.5, -2: mean -1, sd sqrt(0.5), t = -1 / (sqrt(0.5) / 2) = -2.828, df 3
     c = exp.compare([1.0, 2.0, 3.0, 4.0], [2.0, 2.5, 3.5, 6.0])
     assert c == {
@@ -270,16 +277,16 @@ def test_statistics_on_fixed_input(exp: ModuleType, cnn: ModuleType) -> None:
         "verdict": "no_significant_difference",
     }
     # 9 of 10 seeds better: sign test p = 2 * (1 + 10) / 2^10; ties are dropped
-    assert exp._sign_test_p(9, 1) == pytest.approx(22 / 1024)
+    assert stats.sign_test_p(9, 1) == pytest.approx(22 / 1024)
     nine = exp.compare([0.0] * 9 + [2.0, 5.0], [1.0] * 10 + [5.0])
     assert (nine["seeds_dynamic_better"], nine["seeds_jump_better"], nine["sign_test_p"]) == (9, 1, 0.0215)
     assert nine["verdict"] == "dynamic_better"
     # Student t two-sided p against tabulated 5% critical values, and the symmetric/zero cases
     for t, df in ((12.7062, 1), (4.3027, 2), (3.1824, 3), (2.7764, 4), (2.2622, 9), (2.1314, 15)):
-        assert exp.t_two_sided_p(t, df) == pytest.approx(0.05, abs=2e-5)
-        assert exp.t_two_sided_p(-t, df) == exp.t_two_sided_p(t, df)
-    assert exp.t_two_sided_p(0.0, 7) == pytest.approx(1.0)
-    assert exp.t_two_sided_p(2.0, 1) == pytest.approx(1 - 2 / math.pi * math.atan(2.0))
+        assert stats.t_two_sided_p(t, df) == pytest.approx(0.05, abs=2e-5)
+        assert stats.t_two_sided_p(-t, df) == stats.t_two_sided_p(t, df)
+    assert stats.t_two_sided_p(0.0, 7) == pytest.approx(1.0)
+    assert stats.t_two_sided_p(2.0, 1) == pytest.approx(1 - 2 / math.pi * math.atan(2.0))
     # the transient: a loss of 1 that jumps to 3 for five steps after the change at step 10 -> excess 2
     losses = [1.0] * 10 + [3.0] * 5 + [1.0] * 20
     assert cnn._peak_excess(losses, [16] * 10 + [128] * 25) == pytest.approx(2.0)

@@ -1,7 +1,7 @@
 """The GPU path's placement rules on a CPU machine (issue 24): the process group a GPU worker forms carries
 the control traffic on a CPU backend through every in-place resize, and each process of a pod binds its own
 GPU before its first group. ``accelerator_standin/sitecustomize.py`` plays the GPU node (its docstring
-says how); the tables of ``devices.py`` are in tests/unit/test_devices.py.
+says how); the tables of ``devices.py`` are in tests/trainer/test_devices.py.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any, TypeGuard
 
 PROGRESS_PATH = "/progress"
 # How long a finishing rank 0 retries its final report; the operator waits longer than this for it before
-# marking the job Succeeded without it (planner.FINAL_REPORT_GRACE).
+# marking the job Succeeded without it (plan_model.FINAL_REPORT_GRACE).
 FINAL_REPORT_DEADLINE_S = 60.0
 MAX_RESIZES = 100
 # The store's HTTP endpoint answers only requests carrying the job's token (ETJ_PROGRESS_TOKEN, from the

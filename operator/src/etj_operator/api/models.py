@@ -6,8 +6,8 @@ and writes status with the models in ``status.py``. Everything in ``pod.py`` and
 re-exported here, so ``from etj_operator.api.models import X`` works for every API type.
 
 Field names are a public API: renaming one breaks stored objects and the operator. Add, do not rename.
-Slightly over our ~400-line module size: the job's spec types stay together here (with the markers that
-emit each one's CEL rule), while the pod-shaped types live in pod.py and the status types in status.py.
+Long because: the job's spec types stay together here (with the markers that emit each one's CEL rule),
+while the pod-shaped types live in pod.py and the status types in status.py.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Worker pod pieces of the spec: trainer container, resources, placement on node pools.
 
-Over ~400 lines because each field carries its CEL rules and documentation (the CRD and docs/api.md are
-generated from here); the pass-through Kubernetes schemas live in k8s_schema.py.
+Long because: each field carries its CEL rules and documentation (the CRD and docs/api.md are generated
+from here); the pass-through Kubernetes schemas live in k8s_schema.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The training recipe of a job: optimizer, LR schedule, precision, augmentation (``spec.training.*``).
 
-Each setting reaches the trainer as one ``ETJ_*`` variable (``workload.recipe_env``, docs/contract.md) of the
+Each setting reaches the trainer as one ``ETJ_*`` variable (``pod_env.recipe_env``, docs/contract.md) of the
 same meaning as an ``etj-train`` flag. The LR schedule is defined over samples seen (epochs), never steps or
 wall time, so a resize leaves it where it was; under DynamicSGD the Dynamic SGD multiplier multiplies it.
 """

@@ -2,7 +2,7 @@
 progress token, the Secret that carries it to the pods, the NetworkPolicy that admits only the job's own
 pods and the operator) and the store's PodDisruptionBudget.
 
-Pure builders, like workload.py (which puts the token into the pods' env by Secret name).
+Pure builders, like manifests.py (pod_env.py puts the token into the pods' env by Secret name).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_operator.constants import LABEL_JOB, LABEL_ROLE, ROLE_RENDEZVOUS
-from etj_operator.decide.workload import TOKEN_KEY, owned_metadata, rendezvous_name, token_secret_name
+from etj_operator.decide.names import TOKEN_KEY, owned_metadata, rendezvous_name, token_secret_name
 
 
 def network_policy_name(job: str) -> str:
@@ -84,7 +84,7 @@ def network_policy(
 def store_disruption_budget(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
     """maxUnavailable 0 over the store pod: evictions (``kubectl drain``, Karpenter, the cluster autoscaler)
     wait instead of taking the rendezvous away. The operator itself moves the store by deleting it (no
-    eviction), on a real notice that its node goes away (planner.STORE_STAYS_ON)."""
+    eviction), on a real notice that its node goes away (interruptions.STORE_STAYS_ON)."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

@@ -1,7 +1,7 @@
 """The planner's deadline step (pure): which on-demand workers to add or release, from the policy's number.
 
 With ``spec.deadline`` the job's ordinary workers are pinned to spot and the on-demand ones it needs to
-stay on schedule are separate pods pinned to on-demand capacity (decide/workload.py ``pinned_terms``:
+stay on schedule are separate pods pinned to on-demand capacity (decide/placement.py ``pinned_terms``:
 Karpenter's and EKS's labels), so a pending one is what makes the autoscaler start an on-demand node.
 A pending on-demand pod counts as on-demand capacity: the autoscaler provisions it. Release order:
 on-demand workers first (pending ones, then the highest slots), each an in-place leave (a graceful drain).

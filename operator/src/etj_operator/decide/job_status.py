@@ -33,8 +33,8 @@ from etj_operator.decide.conditions import (
     build_conditions,
     ready_reason,
 )
+from etj_operator.decide.names import worker_selector
 from etj_operator.decide.types import Drain, KubeEvent
-from etj_operator.decide.workload import worker_selector
 from etj_operator.observe.signals import INTERRUPTIONS, Reason
 from etj_operator.timeutil import parse_time
 
@@ -295,7 +295,7 @@ def _message(conditions: Sequence[Condition], type_: str) -> str | None:
 
 
 def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[KubeEvent]]:
-    spec, now, gen = inp.spec, inp.now, inp.generation
+    now, gen = inp.now, inp.generation
     st = inp.prev.model_copy(deep=True)
     events: list[KubeEvent] = []
     st.observed_generation = gen
@@ -305,39 +305,8 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     st.selector = worker_selector(inp.job)
     st.failures = inp.failures
 
-    prev_running = inp.prev.current_replicas or 0
     worker_drains = [d for d in inp.drains if d.role == "worker"]
-    if inp.running != prev_running:
-        reason = _resize_reason(inp, prev_running)
-        if world_running(inp):
-            st.resize_history = record_resize(
-                st.resize_history,
-                ResizeEvent.model_validate(
-                    {"time": now, "from": prev_running, "to": inp.running, "reason": str(reason)}
-                ),
-            )
-        detail = "; ".join(d.message for d in worker_drains)
-        events.append(
-            KubeEvent(
-                "Normal",
-                str(reason),
-                f"workers {prev_running} -> {inp.running}" + (f": {detail}" if detail else ""),
-            )
-        )
-    elif worker_drains:
-        # Pending workers drained (no running count change) still deserve a trace.
-        events.append(
-            KubeEvent("Normal", str(worker_drains[0].reason), "; ".join(d.message for d in worker_drains))
-        )
-    for drain in worker_drains:
-        if drain.reason == Reason.WORKER_FAILED:
-            events.append(
-                KubeEvent(
-                    "Warning",
-                    str(Reason.WORKER_FAILED),
-                    f"{drain.message}; {inp.failures}/{spec.failure_policy.max_failures} failures",
-                )
-            )
+    events += _record_worker_changes(inp, st, worker_drains)
 
     if inp.progress:
         _apply_progress(st, inp.progress, inp.progress_time, inp.spec.procs_per_worker)
@@ -362,6 +331,54 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
 
     facts = _facts(inp, st, phase, resizing, worker_drains)
     conds = build_conditions(st.conditions, facts, generation=gen, now=now)
+    events += _condition_warnings(inp, conds, phase)
+    st.conditions = conds
+    return st, events
+
+
+def _record_worker_changes(
+    inp: StatusInputs, st: ElasticTrainingJobStatus, worker_drains: list[Drain]
+) -> list[KubeEvent]:
+    """A change of the running count: into resize history (once the world runs) and an Event; drains of
+    pending workers a trace of their own; each crashed worker a Warning with the failure budget."""
+    events: list[KubeEvent] = []
+    prev_running = inp.prev.current_replicas or 0
+    if inp.running != prev_running:
+        reason = _resize_reason(inp, prev_running)
+        if world_running(inp):
+            st.resize_history = record_resize(
+                st.resize_history,
+                ResizeEvent.model_validate(
+                    {"time": inp.now, "from": prev_running, "to": inp.running, "reason": str(reason)}
+                ),
+            )
+        detail = "; ".join(d.message for d in worker_drains)
+        events.append(
+            KubeEvent(
+                "Normal",
+                str(reason),
+                f"workers {prev_running} -> {inp.running}" + (f": {detail}" if detail else ""),
+            )
+        )
+    elif worker_drains:
+        # Pending workers drained (no running count change) still deserve a trace.
+        events.append(
+            KubeEvent("Normal", str(worker_drains[0].reason), "; ".join(d.message for d in worker_drains))
+        )
+    budget = inp.spec.failure_policy.max_failures
+    for drain in worker_drains:
+        if drain.reason == Reason.WORKER_FAILED:
+            events.append(
+                KubeEvent(
+                    "Warning", str(Reason.WORKER_FAILED), f"{drain.message}; {inp.failures}/{budget} failures"
+                )
+            )
+    return events
+
+
+def _condition_warnings(inp: StatusInputs, conds: list[Condition], phase: Phase) -> list[KubeEvent]:
+    """Warnings for conditions that just turned bad: no trainer image, no progress, a refused create."""
+    events: list[KubeEvent] = []
     no_image = ConditionReason.NO_TRAINER_IMAGE
     if ready_reason(conds) == no_image and ready_reason(inp.prev.conditions) != no_image:
         events.append(KubeEvent("Warning", no_image, NO_TRAINER_IMAGE_MESSAGE))
@@ -376,5 +393,4 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
     if rejected and rejected != _message(inp.prev.conditions, ConditionType.REPLICA_FAILURE):
         # Once per distinct refusal, not on every retry of the same one.
         events.append(KubeEvent("Warning", ConditionReason.FAILED_CREATE, rejected))
-    st.conditions = conds
-    return st, events
+    return events

@@ -8,19 +8,14 @@ restarted or repeated reconcile safe.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-import aiohttp
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from etj_contract.ports import PROGRESS_PORT
-from etj_contract.progress import auth_header
-from etj_contract.replicas import REPLICAS_PATH, Replicas
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.k8s.metrics import METRICS, Metrics
 
@@ -48,7 +43,6 @@ class KubeClient:
         self.policy = client.PolicyV1Api(api_client)
         self.metrics = metrics
         self.attempts = attempts
-        self._http: aiohttp.ClientSession | None = None
 
     async def _call(
         self, verb: str, resource: str, fn: Callable[[], T], *, ok: frozenset[int] = frozenset()
@@ -154,45 +148,3 @@ class KubeClient:
             ),
             ok=frozenset({404}),
         )
-
-    async def fetch_progress(
-        self, ip: str, port: int = PROGRESS_PORT, timeout: float = 2.0, token: str | None = None
-    ) -> dict[str, Any] | None:
-        """GET http://<store pod IP>:29401/progress with the job's token (docs/contract.md); None when
-        unreachable or refused."""
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
-        try:
-            async with self._http.get(f"http://{ip}:{port}/progress", headers=auth_header(token)) as resp:
-                if resp.status != 200:
-                    if resp.status in (401, 403):
-                        log.warning("the store at %s refused the job's token (%s)", ip, resp.status)
-                    return None
-                data = json.loads(await resp.text())
-                return data if isinstance(data, dict) else None
-        except (aiohttp.ClientError, TimeoutError, ValueError, OSError):
-            return None
-
-    async def post_replicas(
-        self,
-        ip: str,
-        bounds: Replicas,
-        port: int = PROGRESS_PORT,
-        timeout: float = 2.0,
-        token: str | None = None,
-    ) -> bool:
-        """POST the job's replica bounds to its store (etj_contract.replicas); whether it took them."""
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
-        try:
-            async with self._http.post(
-                f"http://{ip}:{port}{REPLICAS_PATH}", json=bounds.to_json(), headers=auth_header(token)
-            ) as resp:
-                return resp.status == 204
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
-
-    async def close(self) -> None:
-        if self._http is not None:
-            await self._http.close()
-            self._http = None

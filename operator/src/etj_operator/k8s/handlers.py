@@ -25,7 +25,8 @@ from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.constants import LABEL_JOB
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
-from etj_operator.k8s.reconciler import JobRunners, Settings
+from etj_operator.k8s.reconciler import JobRunners
+from etj_operator.k8s.settings import Settings
 from etj_operator.observe.nodes import DEFAULT_RULES, CapacityRules, NodeInfo, node_info
 from etj_operator.observe.pods import TERMINAL_PHASES, PodInfo, countable_requests, pod_info
 from etj_operator.observe.signals import Signal
@@ -84,7 +85,7 @@ class State:
         self.node_state: dict[str, tuple[str | None, bool]] = {}  # node → (signal reason, schedulable)
         self.runners: JobRunners | None = None
 
-    # World protocol (reconciler.World)
+    # World protocol (settings.World)
     def nodes(self) -> Mapping[str, NodeInfo]:
         return _First(self.indices["etj_nodes"])
 
@@ -201,7 +202,7 @@ async def cleanup(memo: Any, **_: Any) -> None:
     state = _state(memo)
     if state.runners is not None:
         await state.runners.stop_all()
-        await state.runners.kube.close()
+        await state.runners.store.close()
 
 
 # --- events that wake job loops -------------------------------------------------------------------

@@ -20,17 +20,22 @@ import kopf
 
 from etj_operator.api.models import CapacityType
 from etj_operator.api.schedule import DEFAULT_PRICE_ON_DEMAND, DEFAULT_PRICE_SOURCE, DEFAULT_PRICE_SPOT
+from etj_operator.decide.pod_env import DEFAULT_WORKER_GRACE_SECONDS
 from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
-from etj_operator.decide.workload import DEFAULT_WORKER_GRACE_SECONDS
 from etj_operator.k8s import handlers
 from etj_operator.k8s.metrics import serve
-from etj_operator.k8s.reconciler import Settings
+from etj_operator.k8s.settings import Settings
 from etj_operator.observe.nodes import CapacityRules
 
 log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The operator's flags (the chart's values end up here).
+
+    Long because: one add_argument per flag with its help text; split up, the flags would no longer read
+    as one table next to docs/operator.md.
+    """
     p = argparse.ArgumentParser(prog="etj operator run", description="Run the ElasticTrainingJob operator.")
     scope = p.add_mutually_exclusive_group()
     scope.add_argument(

@@ -5,38 +5,34 @@ is woken ("kicked") by node, pod and job events; its wait timeout is the job's r
 indices can lag behind our own writes, so the loop keeps short-lived expectations of the pods it just
 created or deleted, the way controller-runtime does, and never plans from a view missing its own pods.
 
-Why one module over ~400 lines: the job's runner (gather, apply: creates with their refusals, drains,
-status) shares its expectations and kick state across those steps; the next cut is the apply half
-(creates, drains) into its own module once the data-plane objects (issue 15) settle.
+The store's HTTP (progress read, replica bounds told) lives in store_client.py; this module gathers,
+calls the planner, applies the plan and writes status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import secrets
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import kopf
-from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from etj_contract.ports import PROGRESS_PORT
 from etj_contract.replicas import Replicas
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
-from etj_operator.decide import dataplane, workload
+from etj_operator.decide import dataplane, manifests
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
-from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
-from etj_operator.observe.nodes import NodeInfo
+from etj_operator.k8s.rejections import rejections
+from etj_operator.k8s.settings import Settings, World
+from etj_operator.k8s.store_client import StoreClient, StoreLink
 from etj_operator.observe.pods import PodInfo
 from etj_operator.timeutil import utcnow
 
@@ -46,41 +42,16 @@ EXPECTATION_TTL = 30.0  # seconds an unobserved create/delete of ours is trusted
 SERVICE_RECHECK = 300.0
 
 
-@dataclass
-class Settings:
-    resync_seconds: float = 30.0
-    progress_seconds: float = 10.0  # 0 disables polling the store's /progress
-    progress_port: int = PROGRESS_PORT  # where store pods serve it (docs/contract.md)
-    worker_grace_seconds: int = workload.DEFAULT_WORKER_GRACE_SECONDS
-    default_trainer_image: str | None = None  # for jobs without spec.trainer.image
-    # Namespaces watched (empty: all). Namespaced, the GPU-usage index sees only these namespaces' pods.
-    namespaces: tuple[str, ...] = ()
-    # Key the jobs' progress tokens are derived from (dataplane.job_token). The chart keeps one in a
-    # Secret; a random one (no key configured) makes a restarted operator unable to read running jobs'
-    # progress until they are re-created, which is fine for tests and development only.
-    token_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
-    # A NetworkPolicy per job (docs/operator.md, "Threat model"); off for clusters that manage their own.
-    network_policy: bool = True
-    # Where the operator's own pods are, for the NetworkPolicy's progress-port rule (None: outside the
-    # cluster or unknown; that rule then admits every source and the token alone guards the port).
-    operator_namespace: str | None = None
-    operator_pod_labels: tuple[tuple[str, str], ...] = ()
-    # Default prices for status.cost (the chart's ``prices``) and the deadline policy's cost of a change.
-    prices: PriceDefaults = field(default_factory=PriceDefaults)
-    deadline_costs: DeadlineCosts = field(default_factory=DeadlineCosts)
-
-
-class World(Protocol):
-    """Read access to the operator's indices (see handlers.py)."""
-
-    def nodes(self) -> Mapping[str, NodeInfo]: ...
-    def node_usage(self) -> Mapping[str, Mapping[str, int]]: ...
-    def deleted_nodes(self) -> Mapping[str, datetime]: ...
-    def job_pods(self, namespace: str, job: str) -> list[PodInfo]: ...
-
-
 class JobRunner:
-    def __init__(self, namespace: str, name: str, world: World, kube: KubeClient, settings: Settings) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        world: World,
+        kube: KubeClient,
+        settings: Settings,
+        store_http: StoreClient,
+    ) -> None:
         self.namespace, self.name = namespace, name
         self.world, self.kube, self.settings = world, kube, settings
         self.body: Mapping[str, Any] | None = None
@@ -88,14 +59,10 @@ class JobRunner:
         self.status: ElasticTrainingJobStatus | None = None  # last status we wrote (the index may lag)
         self.expect_create: dict[str, tuple[PodInfo, float]] = {}
         self.expect_delete: dict[str, tuple[str, float]] = {}  # name → (uid, deadline)
-        self.progress: dict[str, Any] | None = None
-        self.progress_time: datetime | None = None
+        self.store = StoreLink(store_http, settings.progress_port, self._token)
         self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
         self.token: str | None = None  # the job's progress token (derived from its uid once known)
         self.create_rejection: str | None = None  # the apiserver's refusal of our last pod create
-        # (store pod uid, bounds) the store has taken. The uid, not the name: a replacement store pod may
-        # reuse a force-deleted one's name (planner.next_rendezvous_index) and knows no bounds yet.
-        self.bounds_told: tuple[str, Replicas] | None = None
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
 
@@ -190,7 +157,7 @@ class JobRunner:
         if self._awaiting_final_report(pods):
             # Workers exited 0: their final report is in the store now. Read it before the planner may
             # stop the store, instead of waiting for the next poll (which the store's end would outrun).
-            await self._refresh_progress()
+            await self.store.refresh(self.world.job_pods(self.namespace, self.name))
         obs = Observed(
             nodes=self.world.nodes(),
             pods=pods,
@@ -198,8 +165,8 @@ class JobRunner:
             node_usage=self.world.node_usage(),
             usage_namespaces=self.settings.namespaces,
             deleted_nodes=self.world.deleted_nodes(),
-            progress=self.progress,
-            progress_time=self.progress_time,
+            progress=self.store.progress,
+            progress_time=self.store.progress_time,
             final_report_grace=FINAL_REPORT_GRACE if self.settings.progress_seconds > 0 else timedelta(0),
             create_rejection=self.create_rejection,
             progress_tracked=self.settings.progress_seconds > 0,
@@ -239,13 +206,13 @@ class JobRunner:
         # their existence every few minutes, so a deleted one comes back without a request per reconcile.
         # Before any pod: a pod must never start without its token or outside its policy.
         if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
-            rejection, errors = _rejections(await self._job_objects(job))
+            rejection, errors = rejections(await self._job_objects(job))
             if rejection or errors:
                 return rejection, errors
             self.service_checked = time.monotonic()
         creates: list[Any] = []
         if result.create_rendezvous:
-            store = workload.rendezvous_pod(
+            store = manifests.rendezvous_pod(
                 job.spec,
                 job=job.name,
                 namespace=job.namespace,
@@ -257,7 +224,7 @@ class JobRunner:
         pinned = [(s, CapacityType.SPOT if result.pin_spot else None) for s in result.create_workers]
         pinned += [(s, CapacityType.ON_DEMAND) for s in result.create_on_demand]
         for slot, capacity in pinned:
-            body = workload.worker_pod(
+            body = manifests.worker_pod(
                 job.spec,
                 job=job.name,
                 namespace=job.namespace,
@@ -269,7 +236,7 @@ class JobRunner:
                 capacity=capacity,
             )
             creates.append(self._create(body, ROLE_WORKER, slot))
-        return _rejections(await asyncio.gather(*creates, return_exceptions=True))
+        return rejections(await asyncio.gather(*creates, return_exceptions=True))
 
     async def _drain(
         self,
@@ -312,7 +279,7 @@ class JobRunner:
     async def _job_objects(self, job: JobView) -> list[Any]:
         ids = {"job": job.name, "namespace": job.namespace, "uid": job.uid}
         bodies = [
-            workload.rendezvous_service(**ids),
+            manifests.rendezvous_service(**ids),
             dataplane.token_secret(**ids, token=self._token()),
             dataplane.store_disruption_budget(**ids),
         ]
@@ -349,66 +316,21 @@ class JobRunner:
 
     # --- progress, and the bounds the running processes need ---------------------------------------
     async def _tell_bounds(self, job: JobView, pods: list[PodInfo]) -> None:
-        """The job's replica bounds to its store, for the agents and rank 0 that started before a change
-        (``kubectl scale``; etj_contract.replicas); once per store pod (by uid) and value."""
-        store = _running_store(pods)
-        if store is None or store.ip is None:
-            return
-        bounds = Replicas(job.spec.replicas.min, job.spec.replicas.max)
-        if self.bounds_told == (store.uid, bounds):
-            return
-        if await self.kube.post_replicas(store.ip, bounds, self.settings.progress_port, token=self._token()):
-            self.bounds_told = (store.uid, bounds)
+        """The job's replica bounds to its store (store_client.StoreLink.tell_bounds)."""
+        await self.store.tell_bounds(Replicas(job.spec.replicas.min, job.spec.replicas.max), pods)
 
     async def _poll_progress(self) -> None:
         while True:
             await asyncio.sleep(self.settings.progress_seconds)
-            if await self._refresh_progress():
+            if await self.store.refresh(self.world.job_pods(self.namespace, self.name)):
                 self.kick.set()
-
-    async def _refresh_progress(self) -> bool:
-        """Read the store's progress document; whether it changed."""
-        store = _running_store(self.world.job_pods(self.namespace, self.name))
-        if store is None or store.ip is None:
-            return False
-        data = await self.kube.fetch_progress(store.ip, self.settings.progress_port, token=self._token())
-        if data is None or data == self.progress:
-            return False
-        self.progress, self.progress_time = data, utcnow()
-        return True
 
     def _awaiting_final_report(self, pods: list[PodInfo]) -> bool:
         return (
             self.settings.progress_seconds > 0
-            and not (self.progress or {}).get("finished")
+            and not (self.store.progress or {}).get("finished")
             and any(p.role == ROLE_WORKER and p.exited_ok for p in pods)
         )
-
-
-def _running_store(pods: Iterable[PodInfo]) -> PodInfo | None:
-    """The job's store pod that answers now (running, with an address), if any."""
-    return next((p for p in pods if p.role == ROLE_RENDEZVOUS and p.running and p.ip), None)
-
-
-def _rejections(outcomes: list[Any]) -> tuple[str | None, list[BaseException]]:
-    """The apiserver's refusal among the creates' outcomes (quota, admission, validation: a 4xx that
-    retrying will not change), and the other errors, which fail the reconcile as before."""
-    rejection: str | None = None
-    errors: list[BaseException] = []
-    for outcome in outcomes:
-        if isinstance(outcome, ApiException) and outcome.status in (400, 403, 422):
-            rejection = rejection or _api_message(outcome)
-        elif isinstance(outcome, BaseException):
-            errors.append(outcome)
-    return rejection, errors
-
-
-def _api_message(exc: ApiException) -> str:
-    try:
-        message = json.loads(exc.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or exc.reason or exc.status)[:1000]
 
 
 class JobRunners:
@@ -416,6 +338,7 @@ class JobRunners:
 
     def __init__(self, world: World, kube: KubeClient, settings: Settings) -> None:
         self.world, self.kube, self.settings = world, kube, settings
+        self.store = StoreClient()  # one session for every job's store; closed by handlers.cleanup
         self.runners: dict[tuple[str, str], JobRunner] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 
@@ -429,7 +352,7 @@ class JobRunners:
                 task = asyncio.create_task(runner.stop())
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
-            runner = JobRunner(key[0], key[1], self.world, self.kube, self.settings)
+            runner = JobRunner(key[0], key[1], self.world, self.kube, self.settings, self.store)
             self.runners[key] = runner
             runner.body = body
             runner.start()

@@ -24,7 +24,7 @@ from etj_testbed.demo.script import (
     Script,
     add_validation_data,
 )
-from etj_testbed.localcluster.proclet_kube import MERGE
+from etj_testbed.localcluster.proclet.kube import MERGE
 
 
 class ClusterDemo(Demo):

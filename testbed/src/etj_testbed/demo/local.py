@@ -35,9 +35,9 @@ from etj_testbed.demo.script import (
 from etj_testbed.demo.view import Live
 from etj_testbed.localcluster import toolchain
 from etj_testbed.localcluster.crds import wait_established
-from etj_testbed.localcluster.proclet import start_subprocess
-from etj_testbed.localcluster.proclet_kube import MERGE, Kube
-from etj_testbed.localcluster.proclet_nodes import INSTANCE_LABEL, process_node, selector_for
+from etj_testbed.localcluster.proclet.harness import start_subprocess
+from etj_testbed.localcluster.proclet.kube import MERGE, Kube
+from etj_testbed.localcluster.proclet.nodes import INSTANCE_LABEL, process_node, selector_for
 
 
 class Demo:

@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from etj_testbed.localcluster.fake_nodes import fake_gpu_node
-from etj_testbed.localcluster.proclet_kube import MERGE, Kube, now_micro, now_rfc3339
+from etj_testbed.localcluster.proclet.kube import MERGE, Kube, now_micro, now_rfc3339
 from etj_testbed.localcluster.toolchain import KUBERNETES_VERSION
 
 log = logging.getLogger("etj.proclet")

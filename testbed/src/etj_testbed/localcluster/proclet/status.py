@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from etj_testbed.localcluster.proclet_kube import now_rfc3339
+from etj_testbed.localcluster.proclet.kube import now_rfc3339
 
 JSON = dict[str, Any]
 Prober = Callable[[str, JSON, dict[str, int]], bool]

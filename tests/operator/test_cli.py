@@ -26,7 +26,7 @@ def _with(monkeypatch: pytest.MonkeyPatch, *eps: EntryPoint) -> None:
 def test_a_command_an_installed_package_adds_runs_with_the_rest_of_the_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    _with(monkeypatch, EntryPoint("hello", "tests.unit.test_cli:hello", cli.PLUGIN_GROUP))
+    _with(monkeypatch, EntryPoint("hello", "tests.operator.test_cli:hello", cli.PLUGIN_GROUP))
     CALLS.clear()
     assert cli.main(["hello", "up", "--name", "x"]) == 7
     assert CALLS == [["up", "--name", "x"]]
@@ -35,7 +35,7 @@ def test_a_command_an_installed_package_adds_runs_with_the_rest_of_the_line(
 def test_help_lists_added_commands_with_their_docstring(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _with(monkeypatch, EntryPoint("hello", "tests.unit.test_cli:hello", cli.PLUGIN_GROUP))
+    _with(monkeypatch, EntryPoint("hello", "tests.operator.test_cli:hello", cli.PLUGIN_GROUP))
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out

@@ -15,10 +15,12 @@ from typing import Any
 from kubernetes import client
 
 from etj_operator.k8s.client import KubeClient
-from etj_operator.k8s.reconciler import JobRunner, Settings
+from etj_operator.k8s.reconciler import JobRunner
+from etj_operator.k8s.settings import Settings
+from etj_operator.k8s.store_client import StoreClient
 from etj_operator.observe.nodes import NodeInfo
 from etj_operator.observe.pods import PodInfo
-from tests.unit.factories import worker
+from tests.operator.factories import worker
 
 
 class StaticWorld:
@@ -41,7 +43,7 @@ class StaticWorld:
 
 
 def _runner(world: StaticWorld) -> JobRunner:
-    return JobRunner("ns", "train", world, KubeClient(client.ApiClient()), Settings())
+    return JobRunner("ns", "train", world, KubeClient(client.ApiClient()), Settings(), StoreClient())
 
 
 def test_created_pods_count_before_the_index_shows_them() -> None:
@@ -87,15 +89,15 @@ def test_fetch_progress_reads_the_store_endpoint() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     Thread(target=server.serve_forever, daemon=True).start()
-    kube = KubeClient(client.ApiClient())
+    store = StoreClient()
 
     async def go() -> tuple[Any, Any]:
         try:
-            got = await kube.fetch_progress("127.0.0.1", port=server.server_address[1])
-            missing = await kube.fetch_progress("127.0.0.1", port=1, timeout=0.5)
+            got = await store.fetch_progress("127.0.0.1", port=server.server_address[1])
+            missing = await store.fetch_progress("127.0.0.1", port=1, timeout=0.5)
             return got, missing
         finally:
-            await kube.close()
+            await store.close()
 
     try:
         assert asyncio.run(go()) == (payload, None)
@@ -111,7 +113,7 @@ def test_pods_of_an_earlier_job_with_the_same_name_are_ignored() -> None:
 
 
 def _run_then_close(
-    kube: KubeClient, httpd: ThreadingHTTPServer, work: Callable[[], Awaitable[None]]
+    store: StoreClient, httpd: ThreadingHTTPServer, work: Callable[[], Awaitable[None]]
 ) -> None:
     """Run the loop's ``work`` against a real store server, then close the client and the server."""
 
@@ -119,7 +121,7 @@ def _run_then_close(
         try:
             await work()
         finally:
-            await kube.close()
+            await store.close()
 
     try:
         asyncio.run(go())
@@ -154,7 +156,7 @@ def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> 
     # report, so the final one (accuracy) never reached status when the poll had not come round yet
     from etj_trainer.progress import post_json
     from etj_trainer.store_server import ProgressState, make_http_server
-    from tests.unit.factories import spec, started, store
+    from tests.operator.factories import spec, started, store
 
     ip = "127.0.0.1"
     httpd = make_http_server(ip, 0, ProgressState())
@@ -168,15 +170,16 @@ def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> 
     world = StaticWorld([*exited, replace(store("od-0"), ip=ip)])
     kube = RecordingKube()
     # The poll is an hour away: only the loop's own re-read can bring the final report in.
-    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=3600, progress_port=port))
+    http = StoreClient()
+    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=3600, progress_port=port), http)
     runner.body = {
         "metadata": {"name": "train", "namespace": "ns", "uid": "", "generation": 1},
         "spec": spec().model_dump(mode="json", by_alias=True, exclude_none=True),
         "status": started(0).to_patch(),
     }
-    runner.progress = {"step": 170, "worldSize": 4, "resizes": [], "finished": False}
+    runner.store.progress = {"step": 170, "worldSize": 4, "resizes": [], "finished": False}
 
-    _run_then_close(kube, httpd, runner.reconcile)
+    _run_then_close(http, httpd, runner.reconcile)
     assert kube.patches, "no status written"
     assert kube.patches[-1]["phase"] == "Succeeded"
     assert kube.patches[-1]["progress"]["accuracy"] == 0.98
@@ -188,14 +191,15 @@ def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() ->
     # clean-clone run of the store-loss demo); that fresh store never heard of a `kubectl scale` before it
     from etj_contract.replicas import Replicas
     from etj_trainer.store_server import ProgressState, make_http_server
-    from tests.unit.factories import job, spec, store
+    from tests.operator.factories import job, spec, store
 
     told: list[Replicas] = []
     ip = "127.0.0.1"
     httpd = make_http_server(ip, 0, ProgressState(), set_replicas=told.append)
     Thread(target=httpd.serve_forever, daemon=True).start()
-    kube = KubeClient(client.ApiClient())
-    runner = JobRunner("ns", "train", StaticWorld([]), kube, Settings(progress_port=httpd.server_address[1]))
+    kube, http = KubeClient(client.ApiClient()), StoreClient()
+    settings = Settings(progress_port=httpd.server_address[1])
+    runner = JobRunner("ns", "train", StaticWorld([]), kube, settings, http)
     view = job(spec(replicas={"min": 1, "max": 4}))
     first = replace(store("od-0", name="train-rdzv-0"), uid="r1", ip=ip)
     replacement = replace(first, uid="r2", node="od-1")
@@ -205,5 +209,5 @@ def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() ->
         await runner._tell_bounds(view, [first])  # the same store: told once
         await runner._tell_bounds(view, [replacement])
 
-    _run_then_close(kube, httpd, tell)
+    _run_then_close(http, httpd, tell)
     assert told == [Replicas(1, 4), Replicas(1, 4)]

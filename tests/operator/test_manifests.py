@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.decide.workload import rendezvous_index, rendezvous_pod, rendezvous_service, worker_pod
-from tests.unit.factories import spec
+from etj_operator.decide.manifests import rendezvous_pod, rendezvous_service, worker_pod
+from etj_operator.decide.names import rendezvous_index
+from tests.operator.factories import spec
 
 
 def _pod(**overrides: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 from etj_contract.progress import ProgressDoc, merge
 from etj_operator.api.models import ConditionType, ElasticTrainingJobStatus
 from etj_operator.decide.planner import plan
-from tests.unit.factories import NOW, cluster, job, observe, spec, started, store, worker
+from tests.operator.factories import NOW, cluster, job, observe, spec, started, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]
 DEADLINE = 300

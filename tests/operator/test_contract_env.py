@@ -10,11 +10,11 @@ import pytest
 
 from etj_contract import env as etj_env
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.decide.workload import worker_env
+from etj_operator.decide.pod_env import worker_env
 from etj_trainer import cli
 from etj_trainer.agent import AgentConfig
 from etj_trainer.config import TrainConfig
-from tests.unit.factories import job
+from tests.operator.factories import job
 
 SAMPLE = {int: "7", float: "0.5", str: "DynamicSGD", Path: "/p", etj_env.truthy: "true"}
 

@@ -12,7 +12,7 @@ import pytest
 from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus, Phase
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.observe.signals import Reason, Signal
-from tests.unit.factories import (
+from tests.operator.factories import (
     NOW,
     cluster,
     job,

@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from kubernetes.client.rest import ApiException
 
-from etj_testbed.localcluster.proclet_env import (
+from etj_testbed.localcluster.proclet.env import (
     AddressKey,
     DataLookup,
     LoopbackIPs,
@@ -32,9 +32,9 @@ from etj_testbed.localcluster.proclet_env import (
     service_names,
     substitute_services,
 )
-from etj_testbed.localcluster.proclet_kube import Kube, delete_pod, now_rfc3339, pod_path
-from etj_testbed.localcluster.proclet_proc import MARK_POD, MARK_ROOT, env_name, killpg, probe, reap_marked
-from etj_testbed.localcluster.proclet_status import ContainerRun, pod_status
+from etj_testbed.localcluster.proclet.kube import Kube, delete_pod, now_rfc3339, pod_path
+from etj_testbed.localcluster.proclet.proc import MARK_POD, MARK_ROOT, env_name, killpg, probe, reap_marked
+from etj_testbed.localcluster.proclet.status import ContainerRun, pod_status
 
 log = logging.getLogger("etj.proclet")
 

@@ -16,7 +16,7 @@ from etj_operator.decide.planner import free_capacity, plan
 from etj_operator.observe.nodes import node_info
 from etj_operator.observe.pods import countable_requests
 from etj_operator.quantity import parse_milli
-from tests.unit.factories import GPU, job, node, observe, spec
+from tests.operator.factories import GPU, job, node, observe, spec
 
 Gi = 2**30 * 1000  # milli-units, as NodeInfo.allocatable holds memory
 

@@ -14,12 +14,12 @@ import pytest
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus
 from etj_operator.constants import LABEL_CAPACITY
-from etj_operator.decide import workload
+from etj_operator.decide import manifests
 from etj_operator.decide.planner import JobView, Observed, plan
 from etj_operator.decide.schedule import PriceDefaults
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason
-from tests.unit.factories import NOW, cluster, job, node, observe, spec, started, store, worker
+from tests.operator.factories import NOW, cluster, job, node, observe, spec, started, store, worker
 
 TOTAL = 3_600_000
 
@@ -217,7 +217,7 @@ def test_cost_adds_up_the_workers_since_the_last_update() -> None:
 
 
 def test_on_demand_pod_is_pinned_where_autoscalers_provision() -> None:
-    body = workload.worker_pod(
+    body = manifests.worker_pod(
         deadline_spec(), job="train", namespace="ns", uid="u", slot=5, capacity=CapacityType.ON_DEMAND
     )
     assert body["metadata"]["labels"][LABEL_CAPACITY] == "on-demand"
@@ -229,7 +229,7 @@ def test_on_demand_pod_is_pinned_where_autoscalers_provision() -> None:
     assert {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["ON_DEMAND"]} in exprs
     assert terms[0]["matchExpressions"][1]["key"] == "karpenter.sh/capacity-type"  # Karpenter's term first
     assert not any("spot" in str(t.get("key", "")) for t in body["spec"]["tolerations"])
-    spot = workload.worker_pod(
+    spot = manifests.worker_pod(
         deadline_spec(), job="train", namespace="ns", uid="u", slot=0, capacity=CapacityType.SPOT
     )
     assert spot["metadata"]["labels"][LABEL_CAPACITY] == "spot"
@@ -239,7 +239,7 @@ def test_on_demand_pod_is_pinned_where_autoscalers_provision() -> None:
 def test_pinned_label_round_trips_through_pod_info() -> None:
     from etj_operator.observe.pods import pod_info
 
-    body = workload.worker_pod(
+    body = manifests.worker_pod(
         deadline_spec(), job="train", namespace="ns", uid="u", slot=5, capacity=CapacityType.ON_DEMAND
     )
     info: PodInfo = pod_info(body)

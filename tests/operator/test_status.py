@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from etj_contract.progress import ResizeRecord
-from etj_operator.api.models import ResizeEvent
+from etj_operator.api.models import Phase, ResizeEvent
 from etj_operator.decide.job_status import merge_resizes, record_resize
 from etj_operator.decide.planner import plan
-from tests.unit.factories import NOW, cluster, job, observe, spec, started, status, store, worker
+from tests.operator.factories import NOW, cluster, job, observe, spec, started, status, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]
 
@@ -47,7 +47,10 @@ def test_garbage_progress_does_not_break_status() -> None:
             progress={"step": -3, "worldSize": "x", "resizes": [1, {"to": "?"}]},
         ),
     ).status
-    assert st.phase is not None
+    # Nothing of the garbage is copied (no negative step, no world size, no resizes); the job runs on.
+    assert (st.phase, st.current_replicas, st.world_size) == (Phase.RUNNING, 4, None)
+    assert st.progress is not None and st.progress.step is None
+    assert st.resize_history == []
 
 
 def _ev(seconds: int, frm: int, to: int, reason: str = "", pause: float | None = None) -> ResizeEvent:
@@ -122,7 +125,7 @@ def _capacity(st: object) -> tuple[str, str]:
 
 
 def test_capacity_condition_below_min_without_room() -> None:
-    from tests.unit.factories import spec
+    from tests.operator.factories import spec
 
     job_view = job(spec(replicas={"min": 3, "max": 4}), started(1))
     st = plan(job_view, observe(cluster(spot=1), [RUNNING[0], store()])).status
@@ -275,4 +278,6 @@ def test_which_running_count_changes_are_resizes(case: str) -> None:
     got = [(e.from_, e.to, e.reason) for e in out.status.resize_history]
     assert got == ([expected] if expected else []), got
     assert out.status.current_replicas == running
-    assert out.events  # the change is still an Event
+    # The change is still an Event, recorded as a resize or not.
+    change = f"workers {prev.current_replicas or 0} -> {running}"
+    assert [(e.type, e.message) for e in out.events] == [("Normal", change)]

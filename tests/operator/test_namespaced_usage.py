@@ -10,7 +10,7 @@ from etj_operator.api.models import ConditionType
 from etj_operator.decide.conditions import PARTIAL_USAGE_NOTE
 from etj_operator.decide.planner import free_capacity, plan
 from etj_operator.k8s.main import build_state, parse_args
-from tests.unit.factories import GPU, cluster, job, observe, spec
+from tests.operator.factories import GPU, cluster, job, observe, spec
 
 
 def _capacity_message(namespaces: tuple[str, ...]) -> str:

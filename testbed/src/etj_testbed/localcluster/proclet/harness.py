@@ -38,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from etj_testbed.localcluster import toolchain
-from etj_testbed.localcluster.proclet_env import (
+from etj_testbed.localcluster.proclet.env import (
     DEFAULT_POD_NETWORK,
     LoopbackIPs,
     headless_service_of,
     service_endpoint,
 )
-from etj_testbed.localcluster.proclet_kube import Gone, Kube, delete_pod
-from etj_testbed.localcluster.proclet_nodes import (
+from etj_testbed.localcluster.proclet.kube import Gone, Kube, delete_pod
+from etj_testbed.localcluster.proclet.nodes import (
     INSTANCE_LABEL,
     NODE_RUNTIME_LABEL,
     NODE_RUNTIME_PROCESS,
@@ -54,8 +54,8 @@ from etj_testbed.localcluster.proclet_nodes import (
     renew_lease,
     selector_for,
 )
-from etj_testbed.localcluster.proclet_pod import PodRunner, RunnerContext
-from etj_testbed.localcluster.proclet_proc import iter_pids_with_marker, reap_marked
+from etj_testbed.localcluster.proclet.pod import PodRunner, RunnerContext
+from etj_testbed.localcluster.proclet.proc import iter_pids_with_marker, reap_marked
 
 __all__ = [
     "INSTANCE_LABEL",

@@ -1,0 +1,74 @@
+"""Which pods must go because their node (or the pod itself) is going away: pure, from signals and time.
+
+Used by the planner's steps for workers and for the rendezvous store alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from etj_operator.decide.plan_model import Observed
+from etj_operator.decide.types import Drain
+from etj_operator.observe.pods import PodInfo
+from etj_operator.observe.signals import Reason, Signal
+
+# A pod bound to a node the index has never seen is only "on a deleted node" after this long: watches
+# of different resources are not ordered, so a fresh node may reach us after the pod bound to it.
+NODE_MISSING_GRACE = timedelta(seconds=60)
+# A NotReady node (kubelet restart, network blip, an overloaded control plane) often recovers within
+# seconds; draining would cost a resize for nothing. Kubernetes itself evicts only after 300 s.
+NOT_READY_GRACE = timedelta(seconds=60)
+# Signals that drain workers but leave the store where it is: a cordon alone is often undone, and a drain
+# that follows it is held by the store's PodDisruptionBudget (dataplane.store_disruption_budget); a
+# rebalance recommendation is a hint. The store moves on notices that its node will go away.
+STORE_STAYS_ON = frozenset({Reason.NODE_CORDONED, Reason.REBALANCE_RECOMMENDATION})
+
+
+def interruption_of(pod: PodInfo, obs: Observed) -> Signal | None:
+    """Why this pod must be drained now, if anything says its node (or the pod) is going away."""
+    if pod.signal is not None:
+        return pod.signal
+    if pod.node is None:
+        return None
+    node = obs.nodes.get(pod.node)
+    if node is None:
+        if pod.node in obs.deleted_nodes:
+            return Signal(Reason.NODE_DELETED, f"node {pod.node} was deleted", obs.deleted_nodes[pod.node])
+        bound = pod.scheduled_at or pod.created
+        if bound is not None and obs.now - bound > NODE_MISSING_GRACE:
+            return Signal(Reason.NODE_DELETED, f"node {pod.node} no longer exists")
+        return None
+    if node.signal is not None and node.signal.reason == Reason.NODE_NOT_READY:
+        return node.signal if not_ready_wait(node.signal, obs.now) == 0 else None
+    return node.signal
+
+
+def not_ready_wait(signal: Signal, now: datetime) -> float:
+    """Seconds until a NotReady signal counts (0: it counts now)."""
+    if signal.since is None:
+        return NOT_READY_GRACE.total_seconds()
+    return max(0.0, (signal.since + NOT_READY_GRACE - now).total_seconds())
+
+
+def store_drains(rdzv: Sequence[PodInfo], obs: Observed) -> list[Drain]:
+    """Store pods to delete: an interrupted or exited one gracefully, one on a lost node at once.
+
+    A pod on a deleted (or long NotReady) node stays Terminating until its kubelet confirms, which never
+    happens; removing it (grace 0) is what the pod garbage collector would do minutes later.
+    """
+    out: list[Drain] = []
+    for pod in rdzv:
+        sig = interruption_of(pod, obs)
+        if sig is not None and sig.reason in STORE_STAYS_ON:
+            sig = None  # moving the store costs the rendezvous; only a real notice justifies it
+        node_lost = sig is not None and sig.reason in (Reason.NODE_DELETED, Reason.NODE_NOT_READY)
+        if pod.terminating and not node_lost:
+            continue
+        if sig is None and pod.phase not in ("Failed", "Succeeded"):
+            continue
+        why = sig.reason if sig else Reason.WORKER_FAILED
+        message = sig.message if sig else "store pod exited"
+        since = sig.since if sig else None
+        out.append(Drain(pod.name, why, message, pod.node, since, role="rendezvous", force=node_lost))
+    return out

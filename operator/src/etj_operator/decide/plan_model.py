@@ -1,0 +1,96 @@
+"""What the planner reads and writes: the job (``JobView``), the world (``Observed``) and the ``Plan``.
+
+Plain data, no decisions: planner.py and the steps in plan_steps.py decide, the reconciler fills these in
+and applies the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from etj_contract.progress import FINAL_REPORT_DEADLINE_S
+from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
+from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
+from etj_operator.decide.types import Drain, KubeEvent
+from etj_operator.observe.nodes import NodeInfo
+from etj_operator.observe.pods import PodInfo
+
+# Workers that exited 0 have normally had their final report acknowledged (rank 0 retries it for up to 60 s
+# before it exits: etj_trainer.progress), and the operator re-reads the store at once when it sees them
+# (reconciler.py). Until that report is in status the store is kept and the job is not Succeeded, for at most
+# this long: the accuracy and last resizes live in that report only.
+FINAL_REPORT_GRACE = timedelta(seconds=FINAL_REPORT_DEADLINE_S + 30)
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: ElasticTrainingJobSpec
+    status: ElasticTrainingJobStatus
+    # The operator's default trainer image (--default-trainer-image, the chart's trainer.image), for jobs
+    # whose spec names none.
+    default_image: str | None = None
+    # The operator's default prices (the chart's ``prices``) and what a change costs a job (``deadline``).
+    prices: PriceDefaults = field(default_factory=PriceDefaults)
+    deadline_costs: DeadlineCosts = field(default_factory=DeadlineCosts)
+
+
+def trainer_image(job: JobView) -> str | None:
+    """The image the job's pods run: the spec's; else the one the job already runs (status.trainerImage),
+    so a changed operator default never mixes two images in one job; else the operator's default."""
+    return job.spec.trainer.image or job.status.trainer_image or job.default_image
+
+
+@dataclass(frozen=True)
+class Observed:
+    nodes: Mapping[str, NodeInfo]
+    pods: Sequence[PodInfo]  # this job's pods (workers and rendezvous)
+    now: datetime
+    node_usage: Mapping[str, Mapping[str, int]] = field(default_factory=dict)  # GPUs requested per node
+    # Namespaces whose pods node_usage counts; empty: all. A namespaced operator (--namespace, the chart's
+    # watchNamespaces) cannot see other namespaces' pods, so GPUs they use look free (docs/operator.md).
+    usage_namespaces: tuple[str, ...] = ()
+    deleted_nodes: Mapping[str, datetime] = field(default_factory=dict)  # tombstones from the node index
+    progress: Mapping[str, Any] | None = None
+    progress_time: datetime | None = None
+    # How long to wait for the final report once workers exited 0; zero when the operator does not read
+    # progress at all (--progress-seconds 0): no report can come.
+    final_report_grace: timedelta = FINAL_REPORT_GRACE
+    # The apiserver's message refusing the last pod create (quota, admission), while creates keep failing.
+    create_rejection: str | None = None
+    # Whether the operator reads the trainer's progress at all (--progress-seconds > 0): the Progressing
+    # condition can only be judged from it.
+    progress_tracked: bool = True
+
+
+@dataclass
+class Plan:
+    create_workers: list[int] = field(default_factory=list)  # slots; names are <job>-worker-<slot>
+    # Slots of new workers pinned to on-demand capacity (the deadline policy asks for them).
+    create_on_demand: list[int] = field(default_factory=list)
+    pin_spot: bool = False  # create_workers are pinned to spot (a job whose deadline policy adds on-demand)
+    # Workers the job has once those of create_workers that fit on free capacity now exist: new agents wait
+    # (bounded) for that many before their first rendezvous (etj_trainer/startup.py), so a job's first world
+    # forms at the size already scheduled instead of 0->2->4.
+    startup_workers: int = 0
+    drains: list[Drain] = field(default_factory=list)
+    ensure_service: bool = False
+    create_rendezvous: bool = False
+    rendezvous_index: int = 0  # the new store pod is names.rendezvous_pod_name(job, index)
+    rendezvous_capacity: list[CapacityType] = field(default_factory=list)
+    status: ElasticTrainingJobStatus = field(default_factory=ElasticTrainingJobStatus)
+    trainer_image: str | None = None  # what new worker and store pods run (None: nothing may be created)
+    events: list[KubeEvent] = field(default_factory=list)
+    new_failures: int = 0
+    requeue_after: float | None = None  # seconds until a time-based decision changes
+    delete_job: bool = False  # ttlSecondsAfterFinished expired
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(0.5, seconds)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)

@@ -1,0 +1,7 @@
+"""``python -m etj_testbed.localcluster.proclet``: the harness as its own process (start_subprocess)."""
+
+import sys
+
+from etj_testbed.localcluster.proclet.harness import main
+
+sys.exit(main())
