@@ -19,7 +19,7 @@ from kubernetes import client, config
 REQUEST_TIMEOUT: tuple[float, float] = (5.0, 30.0)
 
 
-class TimedApiClient(client.ApiClient):  # type: ignore[misc]  # the client is untyped
+class TimedApiClient(client.ApiClient):
     """An ApiClient whose every request has ``timeout`` unless the call gives one."""
 
     def __init__(self, configuration: client.Configuration, timeout: tuple[float, float] = REQUEST_TIMEOUT):
