@@ -109,6 +109,10 @@ class Release:
             "nodeSelector": {"etj.dev/proclet": self.instance},
             "tolerations": [{"key": TAINT, "operator": "Exists", "effect": "NoSchedule"}],
             "metrics": {"port": self.metrics_port},
+            # One replica: these tests follow "the" operator pod (Recreate on upgrade, its pids, its
+            # ServiceAccount); leader election among replicas is tested in tests/integration.
+            "replicaCount": 1,
+            "leaderElection": {"enabled": False},
             "operator": {
                 "livenessPort": self.liveness_port,
                 "resyncSeconds": 5,

@@ -79,6 +79,9 @@ def test_default_render_creates_exactly_the_operator_objects() -> None:
         ("ClusterRoleBinding", "etj", None),
         ("CustomResourceDefinition", "elastictrainingjobs.etj.dev", None),
         ("Deployment", "etj", NS),
+        ("PodDisruptionBudget", "etj", NS),
+        ("Role", "etj-leader-election", NS),
+        ("RoleBinding", "etj-leader-election", NS),
         ("Secret", "etj-token-key", NS),
         ("Service", "etj-metrics", NS),
         ("ServiceAccount", "etj", NS),
@@ -92,12 +95,28 @@ def test_default_render_creates_exactly_the_operator_objects() -> None:
 # ---- the Deployment --------------------------------------------------------------------------------
 
 
-def test_deployment_is_one_replica_recreate_with_the_chart_service_account() -> None:
+def test_deployment_is_two_replicas_electing_a_leader_with_the_chart_service_account() -> None:
     objs = render()
     deploy = one(objs, "Deployment")
-    assert deploy["spec"]["replicas"] == 1
-    # kopf has no leader election: a rolling update would run two operators at once.
-    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert deploy["spec"]["replicas"] == 2
+    # One leads, one stands by: a rolling update may overlap them, never taking both away.
+    assert deploy["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    args = _operator_flags(objs)
+    assert args.leader_elect and (args.lease_seconds, args.renew_seconds, args.retry_seconds) == (15, 10, 2)
+    env = {e["name"]: e for e in _operator_container(objs)["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}  # the Lease holder
+    pdb = one(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deploy["spec"]["selector"]["matchLabels"]
+    # The Lease only, only in the release namespace.
+    role = one(objs, "Role", "etj-leader-election")
+    assert role["metadata"]["namespace"] == NS and role["rules"] == rbac_file()["leaderElection"]
+    binding = one(objs, "RoleBinding", "etj-leader-election")
+    assert binding["roleRef"]["name"] == "etj-leader-election"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "etj", "namespace": NS}]
     pod = deploy["spec"]["template"]
     selector = deploy["spec"]["selector"]["matchLabels"]
     assert selector.items() <= pod["metadata"]["labels"].items()
@@ -106,6 +125,19 @@ def test_deployment_is_one_replica_recreate_with_the_chart_service_account() -> 
     sa = one(objs, "ServiceAccount")
     assert pod["spec"]["serviceAccountName"] == sa["metadata"]["name"]
     assert pod["spec"]["automountServiceAccountToken"] is True
+
+
+def test_a_single_replica_without_leader_election_is_recreated_and_has_no_pdb() -> None:
+    objs = render({"replicaCount": 1, "leaderElection": {"enabled": False}})
+    deploy = one(objs, "Deployment")
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert not _operator_flags(objs).leader_elect
+    assert not find(objs, "PodDisruptionBudget") and not find(objs, "Role")
+
+
+def test_more_than_one_replica_without_leader_election_is_refused() -> None:
+    error = template_error({"replicaCount": 2, "leaderElection": {"enabled": False}})
+    assert "needs leaderElection.enabled" in error
 
 
 def test_operator_pod_is_pod_security_restricted_with_tmp_on_an_empty_dir() -> None:
@@ -258,7 +290,10 @@ def test_network_policy_value_and_the_operators_identity_reach_its_settings(
 
 def test_rbac_file_is_exactly_the_documented_operator_permissions() -> None:
     rules = rbac_file()
-    assert rule_triples(rules["cluster"] + rules["namespaced"]) == documented_permissions()
+    assert (
+        rule_triples(rules["cluster"] + rules["namespaced"] + rules["leaderElection"])
+        == documented_permissions()
+    )
 
 
 def test_all_namespaces_mode_binds_one_cluster_role_with_exactly_the_rbac_file() -> None:
@@ -273,7 +308,10 @@ def test_all_namespaces_mode_binds_one_cluster_role_with_exactly_the_rbac_file()
         "name": "etj",
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "etj", "namespace": NS}]
-    assert not find(objs, "Role") and not find(objs, "RoleBinding")
+    # The only Role is the leader election's, in the release namespace (the next test).
+    assert [r["metadata"]["name"] for r in find(objs, "Role") + find(objs, "RoleBinding")] == [
+        "etj-leader-election"
+    ] * 2
 
 
 def test_rbac_has_no_wildcards_no_secret_reads_and_no_writes_beyond_what_the_operator_does() -> None:
@@ -300,6 +338,8 @@ def test_rbac_has_no_wildcards_no_secret_reads_and_no_writes_beyond_what_the_ope
             ("events", "patch"),
             ("elastictrainingjobs", "delete"),
             ("elastictrainingjobs/status", "patch"),
+            ("leases", "create"),  # leader election: the operator's own Lease
+            ("leases", "update"),
         }
 
 
@@ -307,11 +347,13 @@ def test_watch_namespaces_grants_namespaced_rules_only_there() -> None:
     objs = render({"watchNamespaces": ["team-a", "team-b"]})
     rules = rbac_file()
     assert one(objs, "ClusterRole")["rules"] == rules["cluster"]
-    roles = {r["metadata"]["namespace"]: r for r in find(objs, "Role")}
+    roles = {r["metadata"]["namespace"]: r for r in find(objs, "Role") if r["metadata"]["name"] == "etj"}
     assert set(roles) == {"team-a", "team-b"}
     for role in roles.values():
         assert role["rules"] == rules["namespaced"]
-    bindings = {b["metadata"]["namespace"]: b for b in find(objs, "RoleBinding")}
+    bindings = {
+        b["metadata"]["namespace"]: b for b in find(objs, "RoleBinding") if b["metadata"]["name"] == "etj"
+    }
     assert set(bindings) == {"team-a", "team-b"}
     for binding in bindings.values():
         assert binding["roleRef"]["kind"] == "Role"
@@ -405,7 +447,9 @@ def test_metrics_disabled_means_no_service_and_no_listener() -> None:
 # ---- values.schema.json ----------------------------------------------------------------------------
 
 BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
-    ("unknown top-level key", {"replicaCount": 2}, ["additional properties 'replicaCount' not allowed"]),
+    ("unknown top-level key", {"replicas": 2}, ["additional properties 'replicas' not allowed"]),
+    ("no replicas", {"replicaCount": 0}, ["/replicaCount", "minimum"]),
+    ("unknown leader election key", {"leaderElection": {"lease": 5}}, ["/leaderElection", "'lease' not allowed"]),
     ("unknown nested key", {"operator": {"resync": 5}}, ["/operator", "'resync' not allowed"]),
     ("zero grace", {"operator": {"workerGraceSeconds": 0}}, ["/operator/workerGraceSeconds", "minimum"]),
     ("grace as string", {"operator": {"workerGraceSeconds": "90"}}, ["/operator/workerGraceSeconds"]),

@@ -12,17 +12,16 @@ progress annotations (event handlers are fire-and-forget).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
-from kubernetes import client, config
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.constants import LABEL_JOB
+from etj_operator.k8s import kube_api
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
 from etj_operator.k8s.reconciler import JobRunners
@@ -178,23 +177,16 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     settings.posting.level = logging.WARNING  # post our own Events, not kopf's log lines
     settings.batching.batch_window = 0.02  # drain latency: do not sit on node events
     settings.watching.server_timeout = 300
+    # kopf's own calls time out too: a watch the apiserver stopped serving (it ends streams by
+    # server_timeout) is reopened after client_timeout; status patches and Events give up after 60 s.
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = kube_api.REQUEST_TIMEOUT[0]
+    settings.networking.connect_timeout = kube_api.REQUEST_TIMEOUT[0]
+    settings.networking.request_timeout = 60
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    api = _api_client()
+    api = kube_api.api_client()  # a timeout on every request
     state.runners = JobRunners(state, KubeClient(api), state.settings)
-
-
-def _api_client() -> client.ApiClient:
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        # Explicit path: the client computes its default from $KUBECONFIG at import time, before
-        # `--kubeconfig` could set it.
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    cfg = client.Configuration.get_default_copy()
-    # Drains of many pods at once run in parallel threads; give them enough connections.
-    cfg.connection_pool_maxsize = 64
-    return client.ApiClient(cfg)
 
 
 @kopf.on.cleanup(registry=KOPF_REGISTRY)

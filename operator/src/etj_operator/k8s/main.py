@@ -1,9 +1,10 @@
 """``etj operator run``: parse flags, start kopf standalone with the operator's handlers.
 
-One replica only: kopf has no leader election (peering merely pauses lower-priority operators), so
-the chart runs a single pod with the Recreate strategy. That is safe because every reconcile is
-level-based and idempotent: a replacement pod rebuilds its indices from a fresh listing, finds the
-workers by label and deterministic name, and converges without creating duplicates. See docs/operator.md.
+With ``--leader-elect`` (the chart's default, 2 replicas) every replica stands by for a Lease and only its
+holder runs kopf (k8s/leader.py); without it the process runs kopf at once, which is right for a single
+replica only. A new leader needs no hand-over: every reconcile is level-based and idempotent, so it
+rebuilds its indices from a fresh listing, finds the workers by label and deterministic name, and
+converges without creating duplicates. See docs/operator.md, "High availability".
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +24,7 @@ from etj_operator.api.models import CapacityType
 from etj_operator.api.schedule import DEFAULT_PRICE_ON_DEMAND, DEFAULT_PRICE_SOURCE, DEFAULT_PRICE_SPOT
 from etj_operator.decide.pod_env import DEFAULT_WORKER_GRACE_SECONDS
 from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
-from etj_operator.k8s import handlers
+from etj_operator.k8s import handlers, kube_api, leader
 from etj_operator.k8s.metrics import serve
 from etj_operator.k8s.settings import Settings
 from etj_operator.observe.nodes import CapacityRules
@@ -132,6 +134,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="label of the operator's pods, for the jobs' NetworkPolicy (repeatable)",
     )
+    p.add_argument(
+        "--leader-elect",
+        action="store_true",
+        default=os.environ.get("ETJ_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
+        help="stand by for the Lease and run only while holding it: for more than one replica "
+        "($ETJ_LEADER_ELECT; the chart sets it)",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "default",
+        help="namespace of the Lease (default: $POD_NAMESPACE)",
+    )
+    p.add_argument(
+        "--leader-identity", default=None, help="this replica's name in the Lease (default: pod name)"
+    )
+    p.add_argument("--lease-seconds", type=int, default=leader.Election("", "").lease_s)
+    p.add_argument("--renew-seconds", type=int, default=leader.Election("", "").renew_s)
+    p.add_argument("--retry-seconds", type=int, default=leader.Election("", "").retry_s)
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
 
@@ -241,11 +261,49 @@ def run_operator(argv: list[str]) -> int:
         logging.getLogger("kopf").setLevel(logging.WARNING)
     kopf.configure(verbose=args.verbose)
     serve(args.metrics_port)
+    if args.leader_elect:
+        return run_elected(args)
     try:
         asyncio.run(operator(args))
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def run_elected(args: argparse.Namespace) -> int:
+    """Stand by for the Lease; hold it while kopf runs. Losing it exits at once (status 1: the kubelet
+    restarts the pod as a follower); SIGTERM stops kopf, hands the Lease back and exits 0."""
+    election = leader.Election(
+        namespace=args.leader_election_namespace,
+        identity=args.leader_identity or leader.default_identity(),
+        lease_s=args.lease_seconds,
+        renew_s=args.renew_seconds,
+        retry_s=args.retry_seconds,
+    )
+    api = kube_api.api_client()
+    stop = threading.Event()
+    leading = threading.Event()
+
+    def work() -> None:
+        leading.set()
+        asyncio.run(operator(args, stop_flag=stop))
+        leader.release(election, api)
+        log.info("%s: the operator stopped; exiting", election.identity)
+        os._exit(0)  # the election's renew loop runs in the main thread: end the process from here
+
+    def lost() -> None:
+        log.error("%s lost the leader Lease: exiting so another replica leads alone", election.identity)
+        os._exit(1)
+
+    def on_sigterm(_signum: int, _frame: object) -> None:
+        if not leading.is_set():
+            raise SystemExit(0)  # a follower has nothing to stop
+        stop.set()  # kopf finishes its handlers; work() then releases the Lease and exits
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigterm)
+    leader.lead(election, api, work, lost)
+    return 1  # the election returned without leading (it only does when leadership is lost)
 
 
 if __name__ == "__main__":
