@@ -414,17 +414,18 @@ CASES = [
         check=lambda p: _new_store(p, 0, force=False),
     ),
     Case(
-        # regression (issue 15): a cordon alone (often an admin's or an upgrade's first step, undone or
-        # followed by a drain the store's PodDisruptionBudget holds) stopped the store, losing the rendezvous
-        "a cordon alone does not move the store",
+        # issue 26: a cordon is the first step of `kubectl drain` and of node group upgrades, whose
+        # evictions the store's PodDisruptionBudget refuses: the store stayed and blocked them for good.
+        "a cordon moves the store, so a drain of its node can finish",
         job(st=started(4)),
         observe(
             [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_CORDONED)],
             [*RUNNING4, store("od-0")],
         ),
         creates=[],
-        drains=[],
+        drains=[("train-rdzv", Reason.NODE_CORDONED)],
         phase=Phase.RUNNING,
+        check=lambda p: _new_store(p, 0, force=False),
     ),
     Case(
         "nor does a rebalance recommendation (a hint, not a notice)",

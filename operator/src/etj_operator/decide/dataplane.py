@@ -83,8 +83,9 @@ def network_policy(
 
 def store_disruption_budget(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
     """maxUnavailable 0 over the store pod: evictions (``kubectl drain``, Karpenter, the cluster autoscaler)
-    wait instead of taking the rendezvous away. The operator itself moves the store by deleting it (no
-    eviction), on a real notice that its node goes away (interruptions.STORE_STAYS_ON)."""
+    wait instead of taking the rendezvous away unannounced. The operator moves the store by deleting it
+    (no eviction) as soon as the node is cordoned or tainted for going away (interruptions.STORE_STAYS_ON),
+    which lets the eviction's drain finish: a wait of seconds, not a block."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

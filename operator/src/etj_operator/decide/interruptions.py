@@ -19,10 +19,12 @@ NODE_MISSING_GRACE = timedelta(seconds=60)
 # A NotReady node (kubelet restart, network blip, an overloaded control plane) often recovers within
 # seconds; draining would cost a resize for nothing. Kubernetes itself evicts only after 300 s.
 NOT_READY_GRACE = timedelta(seconds=60)
-# Signals that drain workers but leave the store where it is: a cordon alone is often undone, and a drain
-# that follows it is held by the store's PodDisruptionBudget (dataplane.store_disruption_budget); a
-# rebalance recommendation is a hint. The store moves on notices that its node will go away.
-STORE_STAYS_ON = frozenset({Reason.NODE_CORDONED, Reason.REBALANCE_RECOMMENDATION})
+# Signals that drain workers but leave the store where it is: a rebalance recommendation is a hint. The
+# store moves on everything that says its node is being emptied, a cordon included (issue 26): `kubectl
+# drain`, managed node group upgrades and the termination handler all cordon first, and evict next, which
+# the store's PodDisruptionBudget refuses; staying would block them until someone deleted the store by
+# hand. Moving costs the job a re-rendezvous (at most the step in flight), an undone cordon included.
+STORE_STAYS_ON = frozenset({Reason.REBALANCE_RECOMMENDATION})
 
 
 def interruption_of(pod: PodInfo, obs: Observed) -> Signal | None:

@@ -35,8 +35,11 @@ RENDEZVOUS_GRACE_SECONDS = 10
 # The store pod's requests and limits (equal: Guaranteed QoS). The TCPStore and the progress document
 # are small; the cpu is for bursts of keep-alives from large jobs.
 STORE_RESOURCES = {"cpu": "500m", "memory": "512Mi"}
-# Karpenter leaves a node alone while it runs a pod with this annotation (consolidation, drift).
-STORE_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true"}
+# No `karpenter.sh/do-not-disrupt` (issue 26): it made Karpenter skip drift and expiry of the store's node
+# for good. The store's PodDisruptionBudget already keeps consolidation away (Karpenter does not pick nodes
+# whose pods it cannot evict) and makes a drift or expiry wait until the operator, seeing the
+# `karpenter.sh/disrupted` taint, has moved the store.
+STORE_ANNOTATIONS: dict[str, str] = {}
 NONROOT_UID = 1000
 
 
