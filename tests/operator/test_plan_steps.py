@@ -21,6 +21,7 @@ def test_the_steps_run_in_the_order_of_the_decision() -> None:
         "drain_crashed",
         "count_failures",
         "judge_outcome",
+        "avoid_failed_nodes",
         "stop_workers",
         "trim_to_max",
         "resolve_image",

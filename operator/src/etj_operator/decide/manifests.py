@@ -7,6 +7,7 @@ from placement.py, the env from pod_env.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from etj_contract import env as etj_env
@@ -193,13 +194,14 @@ def worker_pod(
     image: str | None = None,
     startup_workers: int = 1,
     capacity: CapacityType | None = None,
+    avoid_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image).
 
     ``startup_workers``: the job's workers once this pod's batch exists (the plan's ``startup_workers``).
     ``capacity``: pin the pod to that capacity type (the deadline policy's spot and on-demand workers),
-    labelled ``etj.dev/capacity`` so the planner knows which of its workers to release first.
-    """
+    labelled ``etj.dev/capacity`` so the planner knows which of its workers to release first. ``avoid_nodes``:
+    nodes it must not run on (the plan's: workers crashed there)."""
     name = worker_name(job, slot)
     placement = spec.placement
     volumes, mounts = _worker_storage(spec)
@@ -238,8 +240,7 @@ def worker_pod(
         pod_spec["serviceAccountName"] = spec.trainer.service_account_name
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(placement.node_selector)
-    affinity = capacity_affinity(types, placement.affinity, pin=capacity)
-    if affinity:
+    if affinity := capacity_affinity(types, placement.affinity, pin=capacity, avoid=avoid_nodes):
         pod_spec["affinity"] = affinity
     return _pod(name, namespace, pod_labels, owner_reference(job, uid), pod_spec)
 
