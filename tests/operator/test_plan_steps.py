@@ -24,6 +24,7 @@ def test_the_steps_run_in_the_order_of_the_decision() -> None:
         "avoid_failed_nodes",
         "stop_workers",
         "trim_to_max",
+        "recreate_stale_avoiders",
         "resolve_image",
         "apply_deadline_policy",
         "refill_workers",

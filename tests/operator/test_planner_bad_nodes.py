@@ -12,6 +12,7 @@ from etj_operator.api.models import CapacityType, Phase
 from etj_operator.decide.manifests import worker_pod
 from etj_operator.decide.placement import HOSTNAME_LABEL, capacity_affinity
 from etj_operator.decide.planner import JobView, Observed, plan
+from etj_operator.observe.pods import pod_info
 from etj_operator.observe.signals import Reason
 from tests.operator.factories import NOW, cluster, job, node, observe, spec, started, store, worker
 
@@ -282,3 +283,31 @@ def test_each_crash_is_judged_from_the_status_alone(gap: timedelta, phases: list
         current = replace(current, status=result.status)
     assert seen == phases
     assert current.status.failures == 5
+
+
+PENDING_AVOIDER = replace(worker(3), avoids=("spot-3",))
+
+
+@pytest.mark.parametrize(
+    ("until", "drains", "creates"),
+    [
+        (NOW - timedelta(seconds=1), [("train-worker-3", Reason.AVOIDANCE_EXPIRED)], [4]),
+        (NOW + timedelta(minutes=5), [], []),
+    ],
+    ids=["its avoided node expired: recreated at once", "its avoided node still avoided: kept"],
+)
+def test_a_pending_worker_is_recreated_when_a_node_it_avoids_is_allowed_again(
+    until: datetime, drains: list[tuple[str, Reason]], creates: list[int]
+) -> None:
+    """Its affinity is fixed at creation: on a pool whose every node once crashed a worker it would wait
+    for ever, off nodes the job may use again."""
+    current = job(st=started(3, avoidedNodes=[avoided("spot-3", until)]))
+    result = plan(current, observe(cluster(spot=3), [*RUNNING3, PENDING_AVOIDER, store()]))
+    assert [(d.pod, d.reason) for d in result.drains] == drains
+    assert result.create_workers == creates
+
+
+def test_a_worker_pod_records_the_nodes_it_avoids() -> None:
+    pod = worker_pod(spec(), job="train", namespace="ns", uid="u", slot=0, avoid_nodes=["a", "b"])
+    assert pod_info(pod).avoids == ("a", "b")
+    assert pod_info(worker_pod(spec(), job="train", namespace="ns", uid="u", slot=0)).avoids == ()

@@ -187,6 +187,21 @@ def trim_to_max(c: PlanContext) -> None:
     c.survivors = [p for p in c.survivors if p.name not in dropped]
 
 
+def recreate_stale_avoiders(c: PlanContext) -> None:
+    """A Pending worker created to avoid a node that is no longer avoided is recreated: its affinity is fixed
+    at creation, and it may be waiting for exactly that node (a small pool whose nodes all crashed once)."""
+    if c.stop_reason is not None:
+        return
+    allowed = set(c.out.avoid_nodes)
+    for pod in c.survivors:
+        stale = sorted(set(pod.avoids) - allowed)
+        if pod.phase == "Pending" and pod.node is None and stale:
+            msg = f"pending worker {pod.name} recreated: node {', '.join(stale)} no longer avoided"
+            c.out.drains.append(Drain(pod.name, Reason.AVOIDANCE_EXPIRED, msg))
+    gone = {d.pod for d in c.out.drains}
+    c.survivors = [p for p in c.survivors if p.name not in gone]
+
+
 def resolve_image(c: PlanContext) -> None:
     """Without an image (none in the spec, none recorded, no operator default) no pod can be created; the
     Ready condition and a Warning event say so, and the job waits for a spec edit."""
@@ -309,6 +324,7 @@ STEPS: tuple[Step, ...] = (
     avoid_failed_nodes,
     stop_workers,
     trim_to_max,
+    recreate_stale_avoiders,
     resolve_image,
     apply_deadline_policy,
     refill_workers,
@@ -340,6 +356,11 @@ def free_slots(pods: Sequence[PodInfo], count: int, also_taken: Sequence[int] = 
     return out
 
 
+# Drains whose worker is replaced at once, not a resize: a crash (within the budget) and a Pending worker
+# recreated with the affinity it should have now.
+REPLACED_AT_ONCE = frozenset({Reason.WORKER_FAILED, Reason.AVOIDANCE_EXPIRED})
+
+
 def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:
     return max((e.time for e in status.resize_history), default=None)
 
@@ -352,13 +373,13 @@ def workers_to_add(c: PlanContext, survivors: int) -> int:
         return 0
     # Below min the job cannot train at all: waiting gains nothing, so refill at once. A crashed worker
     # (within the failure budget) is restarted at once too: that restores the size, it is no new resize.
-    restarts = sum(1 for d in out.drains if d.reason == Reason.WORKER_FAILED and d.role == "worker")
+    restarts = sum(1 for d in out.drains if d.reason in REPLACED_AT_ONCE and d.role == "worker")
     urgent = min(missing, max(0, spec.replicas.min - survivors) + restarts)
     rest = missing - urgent
     if rest == 0:
         return urgent
     last = _last_resize(prev)
-    if any(d.reason != Reason.WORKER_FAILED for d in out.drains):
+    if any(d.reason not in REPLACED_AT_ONCE for d in out.drains):
         last = now  # a resize is happening right now
     if prev.start_time is None and not prev.resize_history:
         return missing  # first start: ask for everything, pending pods drive the autoscaler
