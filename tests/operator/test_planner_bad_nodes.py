@@ -311,3 +311,16 @@ def test_a_worker_pod_records_the_nodes_it_avoids() -> None:
     pod = worker_pod(spec(), job="train", namespace="ns", uid="u", slot=0, avoid_nodes=["a", "b"])
     assert pod_info(pod).avoids == ("a", "b")
     assert pod_info(worker_pod(spec(), job="train", namespace="ns", uid="u", slot=0)).avoids == ()
+
+
+@pytest.mark.parametrize(
+    ("avoid", "startup"), [([], 4), (["spot-3"], 3)], ids=["none avoided", "spot-3 avoided"]
+)
+def test_an_avoided_node_is_no_free_room(avoid: list[str], startup: int) -> None:
+    """The only free node is avoided: the replacement is still created (pending pods ask autoscalers for
+    nodes), but new agents do not wait for it before their first world."""
+    until = NOW + timedelta(minutes=5)
+    current = job(st=started(3, avoidedNodes=[avoided(n, until) for n in avoid]))
+    result = plan(current, observe(cluster(), [*RUNNING3, store()]))
+    assert result.create_workers == [3]
+    assert result.startup_workers == startup

@@ -150,6 +150,7 @@ def avoid_failed_nodes(c: PlanContext) -> None:
     now, seconds = c.obs.now, c.spec.failure_policy.avoid_node_seconds
     c.avoided = avoid_nodes(c.prev.avoided_nodes, crashed, now, seconds, c.spec.replicas.max)
     c.out.avoid_nodes = [a.node for a in c.avoided]
+    c.lazy.avoid = frozenset(c.out.avoid_nodes)  # no room there for new workers
     fresh = {node for node, _ in crashed}
     for a in c.avoided:
         if a.node in fresh:  # added or refreshed by this crash (not every reconcile while it lasts)
