@@ -187,3 +187,70 @@ def test_a_step_that_stands_still_turns_progressing_false_naming_the_trainers_la
                 for e in bed.events("stuck")
             ),
         )
+
+
+def _crash(bed: Bed, pod: Any) -> None:
+    """What the kubelet writes when the trainer exits 1: kwok pods run nothing, so the test writes it."""
+    container = pod.spec.containers[0]
+    terminated = {"exitCode": 1, "reason": "Error", "message": "RuntimeError: CUDA error: uncorrectable ECC"}
+    body = {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": container.name,
+                    "image": container.image,
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {**terminated, "startedAt": None, "finishedAt": None}},
+                }
+            ],
+        }
+    }
+    bed.core.patch_namespaced_pod_status(pod.metadata.name, bed.ns, body)
+
+
+def test_a_worker_that_crashed_on_a_node_is_replaced_on_another_one(
+    bed: Bed, operator: OperatorProcess
+) -> None:
+    """Issue 26: the replacement of a worker that crashed on node X requires not-X, runs elsewhere, and a
+    Warning Event and status.avoidedNodes name X."""
+    spot = [bed.node(f"spot-{i}", "spot") for i in range(2)]
+    bed.node("od-0", "on-demand", gpus=0)
+    bed.create_job("crashy", max_workers=1)
+    bed.wait("one worker running", lambda: len(bed.running_workers("crashy")) == 1, 90)
+    (first,) = bed.running_workers("crashy")
+    bad = first.spec.node_name
+    assert bad in spot
+    _crash(bed, first)
+
+    def replacement() -> Any:
+        return next((p for p in bed.running_workers("crashy") if p.metadata.uid != first.metadata.uid), None)
+
+    try:
+        bed.wait("the replacement running", lambda: replacement() is not None, 90)
+    except AssertionError:
+        print(operator.logs())
+        raise
+    new: Any = replacement()
+    assert new.spec.node_name != bad and new.spec.node_name in spot
+    required = new.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    terms = required.node_selector_terms
+    assert terms and all(
+        any(
+            e.key == "kubernetes.io/hostname" and e.operator == "NotIn" and bad in e.values
+            for e in t.match_expressions
+        )
+        for t in terms
+    ), terms
+    bed.wait(
+        "an AvoidingNode Warning naming the node",
+        lambda: any(
+            e.type == "Warning" and e.reason == "AvoidingNode" and bad in (e.message or "")
+            for e in bed.events("crashy")
+        ),
+    )
+    status = bed.status("crashy")
+    assert [a["node"] for a in status["avoidedNodes"]] == [bad], status
+    assert status["failures"] == 1 and len(status["failureTimes"]) == 1, status

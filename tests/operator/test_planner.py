@@ -309,7 +309,7 @@ CASES = [
     ),
     Case(
         "crash beyond the budget fails the job",
-        job(st=started(4, failures=2)),
+        job(st=started(4, failures=2, failureTimes=[(NOW - timedelta(minutes=10)).isoformat()] * 2)),
         observe(cluster(), [*RUNNING4[:3], worker(3, "spot-3", phase="Failed", exit_code=1), store()]),
         creates=[],
         phase=Phase.FAILED,

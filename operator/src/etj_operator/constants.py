@@ -14,6 +14,9 @@ LABEL_ROLE = f"{GROUP}/role"
 LABEL_SLOT = f"{GROUP}/slot"
 # A worker pod pinned to one capacity type (spot, on-demand) by the deadline policy; absent: unpinned.
 LABEL_CAPACITY = f"{GROUP}/capacity"
+# The nodes a worker pod was created to avoid (comma-separated; status.avoidedNodes then): a Pending pod whose
+# list names a node no longer avoided is recreated, or it would wait for ever off a node it may use again.
+ANNOTATION_AVOIDED_NODES = f"{GROUP}/avoided-nodes"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "etj-operator"
 ROLE_WORKER = "worker"

@@ -342,6 +342,24 @@ class FailurePolicy(ApiModel):
         "Progressing condition turns False (reason ProgressDeadlineExceeded, with a Warning Event naming "
         "the trainer's last error). 0 disables the check.",
     )
+    failure_window_seconds: int = Field(
+        default=3600,
+        ge=0,
+        le=31_536_000,
+        description="Only failures within the last this many seconds count against maxFailures, so crashes "
+        "spread over days do not fail a long job. 0 counts every failure of the job's life. The window is "
+        "judged from status.failureTimes, which keeps at most the last 64 failures: with maxFailures of 64 "
+        "or more the window is not applied (every failure counts).",
+    )
+    avoid_node_seconds: int = Field(
+        default=1800,
+        ge=0,
+        le=604_800,
+        description="After a worker crashes on a node (exit code not 0, OOM kill; not an interruption or a "
+        "drain), new workers avoid that node (a required node affinity on kubernetes.io/hostname) for this "
+        "many seconds; the nodes are listed in status.avoidedNodes. At most replicas.max nodes are avoided "
+        "at once (the oldest is dropped first). 0 disables it.",
+    )
 
 
 # Training processes (ranks) per worker pod in CEL (mirrors ElasticTrainingJobSpec.procs_per_worker).

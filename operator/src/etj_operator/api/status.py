@@ -17,6 +17,10 @@ from etj_operator.api.schedule import CostStatus, ScheduleStatus, WorkersByCapac
 
 MAX_CONDITIONS = 16
 MAX_RESIZE_HISTORY = 20
+# Bounds of the failure bookkeeping (decide/bad_nodes.py): enough to judge maxFailures within the window,
+# and more avoided nodes than any sane replicas.max cap needs.
+MAX_FAILURE_TIMES = 64
+MAX_AVOIDED_NODES = 32
 
 
 class Phase(StrEnum):
@@ -119,6 +123,14 @@ class LastCheckpoint(StatusModel):
     time: Time | None = Field(default=None, description="When it was written.")
 
 
+class AvoidedNode(StatusModel):
+    """A node new workers stay off for a while, because a worker crashed on it."""
+
+    node: Annotated[str, Field(min_length=1, max_length=253)] = Field(description="The node's name.")
+    until: Time = Field(description="When new workers may be placed on it again.")
+    reason: Annotated[str, Field(max_length=256)] = Field(default="", description="Which worker failed, how.")
+
+
 class ElasticTrainingJobStatus(StatusModel):
     """Observed state of an ElasticTrainingJob, written by the operator."""
 
@@ -175,7 +187,21 @@ class ElasticTrainingJobStatus(StatusModel):
     )
     last_checkpoint: LastCheckpoint | None = Field(default=None, description="Newest complete checkpoint.")
     failures: int | None = Field(
-        default=None, ge=0, description="Worker failures counted against the budget."
+        default=None,
+        ge=0,
+        description="Worker failures counted over the job's whole life (the budget counts only those "
+        "within failurePolicy.failureWindowSeconds: status.failureTimes).",
+    )
+    failure_times: Annotated[list[Time], Field(max_length=MAX_FAILURE_TIMES)] = Field(
+        default_factory=list,
+        description=f"When the last failures (at most {MAX_FAILURE_TIMES}) were counted, oldest first: "
+        "failurePolicy.failureWindowSeconds counts those within the window (entries older than it are "
+        "dropped).",
+    )
+    avoided_nodes: Annotated[list[AvoidedNode], Field(max_length=MAX_AVOIDED_NODES)] = Field(
+        default_factory=list,
+        description="Nodes new workers avoid after a worker crashed there (failurePolicy.avoidNodeSeconds), "
+        "oldest first; expired entries are dropped.",
     )
     trainer_image: Annotated[str, Field(max_length=512)] | None = Field(
         default=None,

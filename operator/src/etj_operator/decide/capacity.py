@@ -23,11 +23,15 @@ class FreeCapacity:
 
 
 def free_capacity(
-    spec: ElasticTrainingJobSpec, obs: Observed, types: frozenset[CapacityType] | None = None
+    spec: ElasticTrainingJobSpec,
+    obs: Observed,
+    types: frozenset[CapacityType] | None = None,
+    avoid: frozenset[str] = frozenset(),
 ) -> FreeCapacity:
     """One pass over the nodes (this runs on every reconcile of every job, so it stays cheap).
 
     ``types``: count only nodes of these capacity types (the deadline policy asks about spot alone).
+    ``avoid``: nodes new workers must not use (status.avoidedNodes): no room there for this job.
     """
     res = spec.trainer.resources
     allowed = set(spec.placement.capacity_types) & (types if types is not None else set(CapacityType))
@@ -42,7 +46,7 @@ def free_capacity(
     young: datetime | None = None
     for node in obs.nodes.values():
         # Cheap rejections first; fits() re-checks them, the taint matching is the expensive part.
-        if node.capacity_type not in allowed or not node.schedulable:
+        if node.capacity_type not in allowed or not node.schedulable or node.name in avoid:
             continue
         if res.gpu and node.gpus(res.gpu_resource_name) < res.gpu:
             continue
@@ -92,8 +96,10 @@ class LazyCapacity:
     def __init__(self, spec: ElasticTrainingJobSpec, obs: Observed) -> None:
         self.spec, self.obs = spec, obs
         self.value: FreeCapacity | None = None
+        # The nodes new workers avoid: set by the planner's avoid_failed_nodes step, before any get().
+        self.avoid: frozenset[str] = frozenset()
 
     def get(self) -> FreeCapacity:
         if self.value is None:
-            self.value = free_capacity(self.spec, self.obs)
+            self.value = free_capacity(self.spec, self.obs, avoid=self.avoid)
         return self.value

@@ -7,12 +7,15 @@ from placement.py, the env from pod_env.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from etj_contract import env as etj_env
 from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec
+from etj_operator.api.pod import Placement
 from etj_operator.constants import (
+    ANNOTATION_AVOIDED_NODES,
     LABEL_CAPACITY,
     LABEL_JOB,
     LABEL_ROLE,
@@ -196,13 +199,14 @@ def worker_pod(
     image: str | None = None,
     startup_workers: int = 1,
     capacity: CapacityType | None = None,
+    avoid_nodes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image).
 
     ``startup_workers``: the job's workers once this pod's batch exists (the plan's ``startup_workers``).
     ``capacity``: pin the pod to that capacity type (the deadline policy's spot and on-demand workers),
-    labelled ``etj.dev/capacity`` so the planner knows which of its workers to release first.
-    """
+    labelled ``etj.dev/capacity`` so the planner knows which of its workers to release first. ``avoid_nodes``:
+    nodes it must not run on (the plan's: workers crashed there)."""
     name = worker_name(job, slot)
     placement = spec.placement
     volumes, mounts = _worker_storage(spec)
@@ -239,12 +243,23 @@ def worker_pod(
         # The trainer's cloud identity (S3 checkpoints); automountServiceAccountToken stays False: IRSA's
         # and Pod Identity's webhooks add their own projected token, the Kubernetes API one is not needed.
         pod_spec["serviceAccountName"] = spec.trainer.service_account_name
+    _place_worker(pod_spec, placement, types, capacity, avoid_nodes)
+    notes = {ANNOTATION_AVOIDED_NODES: ",".join(avoid_nodes)} if avoid_nodes else None
+    return _pod(name, namespace, pod_labels, owner_reference(job, uid), pod_spec, notes)
+
+
+def _place_worker(
+    pod_spec: dict[str, Any],
+    placement: Placement,
+    types: list[CapacityType],
+    capacity: CapacityType | None,
+    avoid_nodes: Sequence[str],
+) -> None:
+    """The worker's node selector and node affinity (capacity types, the user's, the avoided nodes)."""
     if placement.node_selector:
         pod_spec["nodeSelector"] = dict(placement.node_selector)
-    affinity = capacity_affinity(types, placement.affinity, pin=capacity)
-    if affinity:
+    if affinity := capacity_affinity(types, placement.affinity, pin=capacity, avoid=avoid_nodes):
         pod_spec["affinity"] = affinity
-    return _pod(name, namespace, pod_labels, owner_reference(job, uid), pod_spec)
 
 
 def _store_container(

@@ -6,12 +6,15 @@ room is where the scheduler may put the pod.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from etj_operator.api.models import CapacityType
 from etj_operator.constants import LABEL_CAPACITY_OVERRIDE
 from etj_operator.observe.nodes import CAPACITY_LABELS, SPOT_TAINT_TOLERATIONS
+
+# The well-known label every kubelet sets to its node's name (clouds keep them equal; so does kwok).
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def capacity_tolerations(types: Iterable[CapacityType]) -> list[dict[str, str]]:
@@ -61,14 +64,29 @@ def pinned_terms(ctype: CapacityType) -> list[list[dict[str, Any]]]:
     ]
 
 
+def avoiding(terms: list[dict[str, Any]], nodes: Sequence[str]) -> list[dict[str, Any]]:
+    """The required terms with ``kubernetes.io/hostname NotIn nodes`` ANDed into each (terms are ORed, so
+    every one must exclude them); no terms: one term of just that."""
+    if not nodes:
+        return terms
+    away = {"key": HOSTNAME_LABEL, "operator": "NotIn", "values": list(nodes)}
+    if not terms:
+        return [{"matchExpressions": [away]}]
+    return [{**t, "matchExpressions": [*(t.get("matchExpressions") or []), away]} for t in terms]
+
+
 def capacity_affinity(
-    types: Iterable[CapacityType], user: Mapping[str, Any] | None = None, *, pin: CapacityType | None = None
+    types: Iterable[CapacityType],
+    user: Mapping[str, Any] | None = None,
+    *,
+    pin: CapacityType | None = None,
+    avoid: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Node affinity for the allowed capacity types, merged with the user's affinity.
 
     One allowed type → a required rule. Both → no requirement, but a preference for the first listed
     (spec order is the preference order). The user's required terms are ANDed with ours (cross product,
-    because node selector terms are ORed).
+    because node selector terms are ORed). ``avoid``: nodes the pod must not run on (status.avoidedNodes).
     """
     allowed = list(dict.fromkeys(types))
     affinity: dict[str, Any] = {k: v for k, v in (user or {}).items() if k != "nodeAffinity"}
@@ -96,6 +114,7 @@ def capacity_affinity(
         terms = [{"matchExpressions": o} for o in ours]
     else:
         terms = user_terms
+    terms = avoiding(terms, avoid)
     node: dict[str, Any] = {}
     if terms:
         node["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}

@@ -88,6 +88,8 @@ class Plan:
     trainer_image: str | None = None  # what new worker and store pods run (None: nothing may be created)
     events: list[KubeEvent] = field(default_factory=list)
     new_failures: int = 0
+    # Nodes new worker pods must not run on (status.avoidedNodes): a required NotIn on kubernetes.io/hostname.
+    avoid_nodes: list[str] = field(default_factory=list)
     requeue_after: float | None = None  # seconds until a time-based decision changes
     delete_job: bool = False  # ttlSecondsAfterFinished expired
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobStatus, Phase
+from etj_operator.api.status import AvoidedNode
+from etj_operator.decide.bad_nodes import AVOIDING_NODE, avoid_nodes, budget_failures, record_failures
 from etj_operator.decide.capacity import LazyCapacity
 from etj_operator.decide.deadline_plan import CapacityPlan
 from etj_operator.decide.finish import FINAL_REPORT_MISSING, Finish, finish
@@ -37,6 +39,9 @@ class PlanContext:
     active: list[PodInfo] = field(default_factory=list)  # active workers
     survivors: list[PodInfo] = field(default_factory=list)  # active workers no step drains (yet)
     failures: int = 0  # the job's failures, this reconcile's included
+    failure_times: list[datetime] = field(default_factory=list)  # status.failureTimes, this reconcile's in
+    budget_failures: int = 0  # those that count against maxFailures (failureWindowSeconds)
+    avoided: list[AvoidedNode] = field(default_factory=list)  # status.avoidedNodes
     outcome: Finish = field(default_factory=Finish)
     failed: bool = False
     terminal: bool = False  # Failed or Succeeded
@@ -115,6 +120,9 @@ def count_failures(c: PlanContext) -> None:
     if c.spec.failure_policy.count_interruptions:
         c.out.new_failures += sum(1 for d in c.out.drains if d.reason in INTERRUPTIONS)
     c.failures += c.out.new_failures
+    policy = c.spec.failure_policy
+    c.failure_times = record_failures(c.prev.failure_times, c.out.new_failures, c.obs.now, policy)
+    c.budget_failures = budget_failures(c.failure_times, c.failures, policy)
 
 
 def judge_outcome(c: PlanContext) -> None:
@@ -122,12 +130,32 @@ def judge_outcome(c: PlanContext) -> None:
     c.outcome = finish(c.workers, c.obs)
     if c.outcome.awaiting_report:
         c.out.requeue(1.0)  # the reconciler re-reads the store each time round
-    c.failed = c.prev.phase == Phase.FAILED or c.failures > c.spec.failure_policy.max_failures
+    c.failed = c.prev.phase == Phase.FAILED or c.budget_failures > c.spec.failure_policy.max_failures
     c.terminal = c.failed or c.prev.phase == Phase.SUCCEEDED or c.outcome.done
     if c.terminal:
         c.stop_reason = Reason.FAILED if c.failed else Reason.FINISHED
     elif c.spec.suspend:
         c.stop_reason = Reason.SUSPENDED
+
+
+def avoid_failed_nodes(c: PlanContext) -> None:
+    """New workers stay off a node where a worker crashed (failurePolicy.avoidNodeSeconds): a bad GPU or a
+    full disk would crash its replacement too. Interruptions and drains say nothing about the node's health
+    and are not avoided; neither is anything once the job stops."""
+    crashed = [
+        (d.node, d.message)
+        for d in c.out.drains
+        if d.reason == Reason.WORKER_FAILED and d.role == "worker" and d.node and not c.terminal
+    ]
+    now, seconds = c.obs.now, c.spec.failure_policy.avoid_node_seconds
+    c.avoided = avoid_nodes(c.prev.avoided_nodes, crashed, now, seconds, c.spec.replicas.max)
+    c.out.avoid_nodes = [a.node for a in c.avoided]
+    c.lazy.avoid = frozenset(c.out.avoid_nodes)  # no room there for new workers
+    fresh = {node for node, _ in crashed}
+    for a in c.avoided:
+        if a.node in fresh:  # added or refreshed by this crash (not every reconcile while it lasts)
+            msg = f"new workers avoid node {a.node} until {a.until.isoformat()}: {a.reason}"
+            c.out.events.append(KubeEvent("Warning", AVOIDING_NODE, msg))
 
 
 def stop_workers(c: PlanContext) -> None:
@@ -158,6 +186,21 @@ def trim_to_max(c: PlanContext) -> None:
         c.out.drains.append(Drain(pod.name, why, f"replicas.max is {most}", pod.node))
     dropped = {d.pod for d in c.out.drains}
     c.survivors = [p for p in c.survivors if p.name not in dropped]
+
+
+def recreate_stale_avoiders(c: PlanContext) -> None:
+    """A Pending worker created to avoid a node that is no longer avoided is recreated: its affinity is fixed
+    at creation, and it may be waiting for exactly that node (a small pool whose nodes all crashed once)."""
+    if c.stop_reason is not None:
+        return
+    allowed = set(c.out.avoid_nodes)
+    for pod in c.survivors:
+        stale = sorted(set(pod.avoids) - allowed)
+        if pod.phase == "Pending" and pod.node is None and stale:
+            msg = f"pending worker {pod.name} recreated: node {', '.join(stale)} no longer avoided"
+            c.out.drains.append(Drain(pod.name, Reason.AVOIDANCE_EXPIRED, msg))
+    gone = {d.pod for d in c.out.drains}
+    c.survivors = [p for p in c.survivors if p.name not in gone]
 
 
 def resolve_image(c: PlanContext) -> None:
@@ -223,7 +266,7 @@ def write_status(c: PlanContext) -> None:
         running=running,
         desired=0 if c.stop_reason is not None else c.spec.replicas.max,
         drains=c.out.drains,
-        failures=c.failures,
+        failures=c.budget_failures,
         failed=c.failed,
         succeeded=c.terminal and not c.failed,
         suspended=c.spec.suspend and not c.terminal,
@@ -239,7 +282,12 @@ def write_status(c: PlanContext) -> None:
         progress_tracked=c.obs.progress_tracked,
     )
     # The Progressing deadline needs no timer of its own: the resync (--resync-seconds) re-plans anyway.
-    c.out.status, c.out.events = build_status(inputs)
+    c.out.status, events = build_status(inputs)
+    c.out.events += events  # after those of earlier steps (AvoidingNode)
+    # status.failures stays the job's whole-life count; the budget's window lives in failureTimes.
+    c.out.status.failures = c.failures
+    c.out.status.failure_times = c.failure_times
+    c.out.status.avoided_nodes = c.avoided
 
 
 def record_schedule(c: PlanContext) -> None:
@@ -274,8 +322,10 @@ STEPS: tuple[Step, ...] = (
     drain_crashed,
     count_failures,
     judge_outcome,
+    avoid_failed_nodes,
     stop_workers,
     trim_to_max,
+    recreate_stale_avoiders,
     resolve_image,
     apply_deadline_policy,
     refill_workers,
@@ -307,6 +357,11 @@ def free_slots(pods: Sequence[PodInfo], count: int, also_taken: Sequence[int] = 
     return out
 
 
+# Drains whose worker is replaced at once, not a resize: a crash (within the budget) and a Pending worker
+# recreated with the affinity it should have now.
+REPLACED_AT_ONCE = frozenset({Reason.WORKER_FAILED, Reason.AVOIDANCE_EXPIRED})
+
+
 def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:
     return max((e.time for e in status.resize_history), default=None)
 
@@ -319,13 +374,13 @@ def workers_to_add(c: PlanContext, survivors: int) -> int:
         return 0
     # Below min the job cannot train at all: waiting gains nothing, so refill at once. A crashed worker
     # (within the failure budget) is restarted at once too: that restores the size, it is no new resize.
-    restarts = sum(1 for d in out.drains if d.reason == Reason.WORKER_FAILED and d.role == "worker")
+    restarts = sum(1 for d in out.drains if d.reason in REPLACED_AT_ONCE and d.role == "worker")
     urgent = min(missing, max(0, spec.replicas.min - survivors) + restarts)
     rest = missing - urgent
     if rest == 0:
         return urgent
     last = _last_resize(prev)
-    if any(d.reason != Reason.WORKER_FAILED for d in out.drains):
+    if any(d.reason not in REPLACED_AT_ONCE for d in out.drains):
         last = now  # a resize is happening right now
     if prev.start_time is None and not prev.resize_history:
         return missing  # first start: ask for everything, pending pods drive the autoscaler

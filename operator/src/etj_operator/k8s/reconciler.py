@@ -237,6 +237,7 @@ class JobRunner:
                 image=result.trainer_image,
                 startup_workers=result.startup_workers,
                 capacity=capacity,
+                avoid_nodes=result.avoid_nodes,
             )
             creates.append(self._create(body, ROLE_WORKER, slot))
         return rejections(await asyncio.gather(*creates, return_exceptions=True))

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from etj_operator.constants import LABEL_CAPACITY, LABEL_JOB, LABEL_ROLE, LABEL_SLOT
+from etj_operator.constants import (
+    ANNOTATION_AVOIDED_NODES,
+    LABEL_CAPACITY,
+    LABEL_JOB,
+    LABEL_ROLE,
+    LABEL_SLOT,
+)
 from etj_operator.observe.signals import Signal, pod_signal
 from etj_operator.quantity import MILLI_RESOURCES, parse_count, parse_milli
 from etj_operator.timeutil import parse_time
@@ -41,6 +47,7 @@ class PodInfo:
     requests: Mapping[str, int] = field(default_factory=dict)
     owner_uid: str = ""  # uid of the controlling ElasticTrainingJob
     pinned: str | None = None  # the capacity type the pod is pinned to (etj.dev/capacity), if any
+    avoids: tuple[str, ...] = ()  # the nodes it was created to avoid (etj.dev/avoided-nodes)
 
     @property
     def active(self) -> bool:
@@ -97,6 +104,9 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         role=labels.get(LABEL_ROLE, ""),
         slot=int(slot_raw) if slot_raw and slot_raw.isdigit() else None,
         pinned=labels.get(LABEL_CAPACITY) or None,
+        avoids=tuple(
+            n for n in ((meta.get("annotations") or {}).get(ANNOTATION_AVOIDED_NODES) or "").split(",") if n
+        ),
         uid=meta.get("uid", ""),
         phase=status.get("phase") or "Pending",
         node=spec.get("nodeName") or None,

@@ -30,6 +30,8 @@ class Reason(StrEnum):
     NODE_LOST = "NodeLost"  # the container vanished with its machine (the kubelet came back without it)
     POD_DISRUPTED = "PodDisrupted"  # DisruptionTarget condition set by kubelet/taint manager/preemption
     WORKER_FAILED = "WorkerFailed"
+    # A Pending worker created to avoid a node no longer avoided (expired, or dropped by the cap): recreated.
+    AVOIDANCE_EXPIRED = "AvoidanceExpired"
     CAPACITY_ADDED = "CapacityAdded"
     WORKER_LOST = "WorkerLost"  # a worker stopped and nothing we saw said why (e.g. deleted by hand)
     SCALED_BY_USER = "ScaledByUser"
