@@ -70,9 +70,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from etj_trainer.data import MEAN, STD, TensorSource, digits_tensor_source
-from etj_trainer.dynamic_sgd import DynamicSGD
-from etj_trainer.sampler import ElasticSampler
+from etj_trainer.batching.dynamic_sgd import DynamicSGD
+from etj_trainer.batching.sampler import ElasticSampler
+from etj_trainer.data.sources import MEAN, STD, TensorSource, digits_tensor_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dynamic_sgd_experiment import _mean_std, _sha, compare

@@ -15,12 +15,13 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from etj_trainer import devices, elastic
-from etj_trainer.checkpoint import decode, encode
+from etj_trainer import elastic
+from etj_trainer.agent.local_launcher import run_local
+from etj_trainer.checkpoint.store import decode, encode
 from etj_trainer.config import TrainConfig
-from etj_trainer.local_launcher import run_local
-from etj_trainer.state_sync import capture_rng, restore_rng
-from etj_trainer.step import _Undo
+from etj_trainer.core import devices
+from etj_trainer.loop.step import _Undo
+from etj_trainer.resize.state_sync import capture_rng, restore_rng
 
 SRC = Path(devices.__file__).parent
 
@@ -198,7 +199,7 @@ def test_local_keeps_a_local_checkpoint_dir_the_caller_named(tmp_path: Path) -> 
     (mine / "keep.txt").write_text("mine")
     env = {
         "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp",
         "ETJ_GLOBAL_BATCH_SIZE": "32",
         "ETJ_MICRO_BATCH_SIZE": "32",
         "ETJ_MAX_STEPS": "3",

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from etj_trainer.checkpoint import load_latest
+from etj_testbed.worldsim import run_world
+from etj_trainer.checkpoint.store import load_latest
+from etj_trainer.classifier.trainer import StopFlag
 from etj_trainer.config import TrainConfig
-from etj_trainer.regroup import Regroup, StopCode, decide
-from etj_trainer.trainer import StopFlag
-from etj_trainer.worldsim import run_world
+from etj_trainer.resize.regroup import Regroup, StopCode, decide
 
 R, L, X, A = StopCode.RUN, StopCode.LEAVING, StopCode.RESTARTING, StopCode.ADMIT
 

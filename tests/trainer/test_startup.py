@@ -6,7 +6,7 @@ import threading
 
 from torch.distributed import TCPStore
 
-from etj_trainer.startup import arrivals_key, wait_for_startup_peers
+from etj_trainer.agent.first_round import arrivals_key, wait_for_startup_peers
 
 
 def _store() -> TCPStore:

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from etj_trainer.checkpoint.object_store import ObjectDir
     from etj_trainer.config import TrainConfig
-    from etj_trainer.object_store import ObjectDir
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class CheckpointStore:
     def for_config(cls, cfg: TrainConfig) -> CheckpointStore:
         objects = None
         if cfg.checkpoint_uri:
-            from etj_trainer.object_store import ObjectDir
+            from etj_trainer.checkpoint.object_store import ObjectDir
 
             objects = ObjectDir(cfg.checkpoint_uri)
         return cls(cfg.checkpoint_dir, cfg.local_checkpoint_dir, cfg.checkpoint_keep, objects)

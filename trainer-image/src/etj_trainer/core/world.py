@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from etj_trainer import devices, regroup
+from etj_trainer.core import devices
+from etj_trainer.resize import regroup
 
 
 class StopFlag:

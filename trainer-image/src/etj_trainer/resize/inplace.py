@@ -21,12 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from etj_trainer import bounds, join, recover, regroup
-from etj_trainer.state_sync import broadcast_state, newest_step
-from etj_trainer.world import World
+from etj_trainer.core.world import World
+from etj_trainer.resize import bounds, join, recover, regroup
+from etj_trainer.resize.state_sync import broadcast_state, newest_step
 
 if TYPE_CHECKING:
-    from etj_trainer.elastic import Job
+    from etj_trainer.loop.job import Job
 
 Resize = regroup.Regroup | recover.Lost | join.Ticket  # what a world changes in process for
 

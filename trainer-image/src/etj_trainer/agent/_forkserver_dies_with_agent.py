@@ -11,7 +11,7 @@ the kernel kills the forkserver with the agent instead, and each worker with the
 import os
 
 from etj_contract import env as etj_env
-from etj_trainer.lifetime import die_with_parent
+from etj_trainer.agent.lifetime import die_with_parent
 
 _agent = etj_env.AGENT_PID.read(os.environ)
 if _agent is not None:

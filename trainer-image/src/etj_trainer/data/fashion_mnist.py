@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from etj_trainer.packed import grey_jpeg, write_tar
+from etj_trainer.data.packed import grey_jpeg, write_tar
 
 PACKAGE = "dataset-fashion-mnist"
 INSTALL = f"apt-get update && apt-get install -y {PACKAGE}"

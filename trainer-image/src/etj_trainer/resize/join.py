@@ -35,7 +35,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer import regroup
+from etj_trainer.resize import regroup
 
 log = logging.getLogger(__name__)
 

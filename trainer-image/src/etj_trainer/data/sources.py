@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from etj_contract import env as etj_env
-from etj_trainer.augment import Augmentation, Crops, apply_to_tensors, draw_crops
+from etj_trainer.data.augment import Augmentation, Crops, apply_to_tensors, draw_crops
 
 MEAN, STD = 0.5, 0.25  # digits are grey scale; the same constants are used by the DALI path
 
@@ -114,7 +114,7 @@ def grey_to_input(dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
 def digits_tensor_source(
     split: str, dtype: torch.dtype = torch.float32, augment: Augmenter | None = None
 ) -> TensorSource:
-    from etj_trainer.digits import digits_split
+    from etj_trainer.data.digits import digits_split
 
     images, labels = digits_split()[split]
     x = grey_to_input(dtype)(torch.from_numpy(images))
@@ -125,7 +125,7 @@ def fashion_mnist_tensor_source(
     split: str, dtype: torch.dtype = torch.float32, augment: Augmenter | None = None
 ) -> TensorSource:
     """Fashion-MNIST from the Debian package's idx files, held as uint8 and converted per batch."""
-    from etj_trainer.fashion_mnist import load_split
+    from etj_trainer.data.fashion_mnist import load_split
 
     images, labels = load_split(split)
     return TensorSource(
@@ -154,7 +154,7 @@ def digits_cache_dir() -> Path:
 
 def ensure_digits(image_size: int = 32) -> Path:
     """Write the digits JPEGs once per machine (atomic via a temp dir + rename)."""
-    from etj_trainer.digits import make_digits
+    from etj_trainer.data.digits import make_digits
 
     out = digits_cache_dir()
     if not (out / "val.tar").exists():
@@ -205,7 +205,7 @@ def open_source(
             path = path / split
         elif path.is_dir() and (path.parent / f"{split}.tar").exists() and split == "val":
             path = path.parent / "val.tar"
-    from etj_trainer.dali_input import DaliImageSource, list_folder_samples, list_tar_samples
+    from etj_trainer.data.dali_input import DaliImageSource, list_folder_samples, list_tar_samples
 
     samples = list_tar_samples(path) if path.suffix == ".tar" else list_folder_samples(path)
     return DaliImageSource(

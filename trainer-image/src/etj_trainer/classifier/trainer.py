@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from etj_trainer import devices, recipe
+from etj_trainer.batching.dynamic_sgd import DynamicSGD
+from etj_trainer.classifier import recipe
+from etj_trainer.classifier.models import build_model
 from etj_trainer.config import TrainConfig
-from etj_trainer.data import Augmenter, BatchSource, open_source
-from etj_trainer.dynamic_sgd import DynamicSGD
+from etj_trainer.core import devices
+from etj_trainer.data.sources import Augmenter, BatchSource, open_source
 from etj_trainer.elastic import Job, Membership, StopFlag
-from etj_trainer.models import build_model
 
 __all__ = ["EXIT_RESIZE", "StopFlag", "TrainResult", "evaluate", "train"]
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from etj_trainer.classifier.trainer import StopFlag
 from etj_trainer.config import TrainConfig
-from etj_trainer.regroup import StopCode
-from etj_trainer.trainer import StopFlag
+from etj_trainer.resize.regroup import StopCode
 
 
 class _AtStep(StopFlag):
@@ -70,8 +70,9 @@ def _rank_main(
     store: str,
     kill_at: dict[int, int],
 ) -> None:
-    from etj_trainer import devices, group_sockets
-    from etj_trainer.trainer import train
+    from etj_trainer.classifier.trainer import train
+    from etj_trainer.core import devices
+    from etj_trainer.resize import group_sockets
 
     os.environ["LOCAL_RANK"] = str(rank)
     if store:

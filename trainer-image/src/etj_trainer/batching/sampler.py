@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from etj_trainer.batching import split_counts
+from etj_trainer.batching.plan import split_counts
 
 
 @dataclass

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer import group_sockets, regroup
+from etj_trainer.resize import group_sockets, regroup
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from etj_contract import env as etj_env
 from etj_contract.progress import PROGRESS_PATH
 from etj_contract.replicas import REPLICAS_PATH, Replicas
-from etj_trainer.progress import get_json, post_json
+from etj_trainer.core.progress import get_json, post_json
 
 
 def launch_store(

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from etj_contract import env as etj_env
-from etj_trainer.packed import add_sample, grey_jpeg
+from etj_trainer.data.packed import add_sample, grey_jpeg
 
 VAL_FRACTION = 0.2
 SPLIT_SEED = 1234

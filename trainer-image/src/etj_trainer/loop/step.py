@@ -24,16 +24,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from etj_trainer import devices, recover
-from etj_trainer.batching import BatchPlan, micro_batch_sizes
-from etj_trainer.data import Micro
-from etj_trainer.dynamic_sgd import DynamicSGD
-from etj_trainer.sampler import ElasticSampler
-from etj_trainer.schedule import lr_factor, position
-from etj_trainer.world import World
+from etj_trainer.batching.dynamic_sgd import DynamicSGD
+from etj_trainer.batching.plan import BatchPlan, micro_batch_sizes
+from etj_trainer.batching.sampler import ElasticSampler
+from etj_trainer.batching.schedule import lr_factor, position
+from etj_trainer.core import devices
+from etj_trainer.core.world import World
+from etj_trainer.data.sources import Micro
+from etj_trainer.resize import recover
 
 if TYPE_CHECKING:
-    from etj_trainer.elastic import Job
+    from etj_trainer.loop.job import Job
 
 
 @dataclass

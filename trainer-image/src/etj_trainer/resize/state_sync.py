@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from etj_trainer import devices
-from etj_trainer.checkpoint import CheckpointStore, decode
+from etj_trainer.checkpoint.store import CheckpointStore, decode
+from etj_trainer.core import devices
 
 
 def capture_rng() -> dict[str, Any]:

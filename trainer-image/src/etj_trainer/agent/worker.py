@@ -47,7 +47,7 @@ from datetime import timedelta
 from typing import Any
 
 from etj_contract import env as etj_env
-from etj_trainer.crash_budget import (
+from etj_trainer.agent.crash_budget import (
     DEFAULT_MAX_CRASHES,
     EXIT_RESIZE,
     CrashCount,
@@ -60,16 +60,16 @@ log = logging.getLogger(__name__)
 # Preloaded into the forkserver: everything a worker imports before its first step -- and only that, since
 # a joiner joins once these imports are done (torchvision alone is ~1.5 s, much more on a busy node).
 BASE_PRELOAD = [
-    "etj_trainer._forkserver_dies_with_agent",  # first: a SIGKILLed agent takes its forkserver along
-    "etj_trainer._forkserver_ignore_sigterm",  # a group-wide SIGTERM must not kill the forkserver
+    "etj_trainer.agent._forkserver_dies_with_agent",  # first: a SIGKILLed agent takes its forkserver along
+    "etj_trainer.agent._forkserver_ignore_sigterm",  # a group-wide SIGTERM must not kill the forkserver
     "torch",
     "torch.distributed",
     # torch.use_deterministic_algorithms() imports it (and with it torch._dynamo): 1.7 s per worker start
     # on an idle 2-core machine, 5 s on a busy one, found by the trainer's "ready in" line.
     "torch._inductor.config",
-    "etj_trainer.trainer",
+    "etj_trainer.classifier.trainer",
 ]
-DALI_PRELOAD = ["nvidia.dali", "nvidia.dali.plugin.pytorch", "etj_trainer.dali_input"]
+DALI_PRELOAD = ["nvidia.dali", "nvidia.dali.plugin.pytorch", "etj_trainer.data.dali_input"]
 
 
 def preload_modules(env: Mapping[str, str]) -> list[str]:
@@ -227,15 +227,17 @@ def _recorded(join_in_place: bool) -> None:
 
 
 def _worker(join_in_place: bool) -> None:
-    from etj_trainer.lifetime import die_with_parent
+    from etj_trainer.agent.lifetime import die_with_parent
 
     die_with_parent()  # first of all: a worker whose forkserver or agent is gone must not train on
     import torch.distributed as dist
 
-    from etj_trainer import devices, elastic, group_sockets
+    from etj_trainer import elastic
+    from etj_trainer.classifier.trainer import EXIT_RESIZE, train
     from etj_trainer.config import TrainConfig
-    from etj_trainer.regroup import collective_timeout
-    from etj_trainer.trainer import EXIT_RESIZE, train
+    from etj_trainer.core import devices
+    from etj_trainer.resize import group_sockets
+    from etj_trainer.resize.regroup import collective_timeout
 
     stop = elastic.StopFlag().install()  # a SIGTERM during start-up must still end in a checkpoint
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
@@ -303,7 +305,7 @@ class CrashLoop(Exception):
 
 def _job_progress(url: str) -> tuple[int, int] | None:
     """(epoch, step) of the job's progress document; None when it cannot be read."""
-    from etj_trainer.progress import get_json
+    from etj_trainer.core.progress import get_json
 
     doc = get_json(url, timeout=2.0) if url else None
     if not doc or not isinstance(doc.get("step"), int):
@@ -314,7 +316,7 @@ def _job_progress(url: str) -> tuple[int, int] | None:
 
 def _report_error(url: str, line: str) -> None:
     """Best effort: the operator shows the last error when the job stops advancing."""
-    from etj_trainer.progress import post_json
+    from etj_trainer.core.progress import post_json
 
     if url:
         with contextlib.suppress(OSError):
@@ -357,7 +359,7 @@ def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
         RendezvousTimeout,
     )
 
-    from etj_trainer.sealed_rendezvous import SealedC10dBackend
+    from etj_trainer.agent.sealed_rendezvous import SealedC10dBackend
 
     if not cfg.token:
         log.warning("no %s: the rendezvous state is not authenticated", etj_env.PROGRESS_TOKEN.name)
@@ -404,7 +406,9 @@ def start_forkserver(env: Mapping[str, str]) -> threading.Thread:
 
 
 def _set_min_nodes(handler: Any, n: int) -> bool:
-    from etj_trainer.bounds import set_rendezvous_nodes  # imports torch: not before the forkserver starts
+    from etj_trainer.resize.bounds import (
+        set_rendezvous_nodes,  # imports torch: not before the forkserver starts
+    )
 
     return set_rendezvous_nodes(handler, min_nodes=n)  # guarded: else the last call alone decides
 
@@ -474,15 +478,15 @@ def run_agent(cfg: AgentConfig) -> int:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    from etj_trainer import bounds
-    from etj_trainer.join import door_open
-    from etj_trainer.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
-    from etj_trainer.store_link import (
+    from etj_trainer.agent.store_link import (
         STORE_ERRORS,
         ReconnectingRendezvous,
         StoreNeverAnswered,
         build_when_store_answers,
     )
+    from etj_trainer.resize import bounds
+    from etj_trainer.resize.join import door_open
+    from etj_trainer.resize.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
 
     def first_handler() -> tuple[Any, Any] | None:
         """The first handler and its store client; None when the store never answered (bounded by the
@@ -506,7 +510,7 @@ def run_agent(cfg: AgentConfig) -> int:
             return 1
         first, store = built
         if cfg.startup_workers > 1:
-            from etj_trainer.startup import wait_for_startup_peers
+            from etj_trainer.agent.first_round import wait_for_startup_peers
 
             wait = wait_for_startup_peers(store, cfg.run_id, cfg.startup_workers, cfg.startup_wait_s)
             print(

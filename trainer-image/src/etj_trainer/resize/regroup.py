@@ -25,7 +25,8 @@ from enum import IntEnum
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer import devices, group_sockets
+from etj_trainer.core import devices
+from etj_trainer.resize import group_sockets
 
 
 class StopCode(IntEnum):

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
-from etj_trainer.dynamic_sgd import DynamicSGD
-from etj_trainer.progress import ProgressReporter, get_json
-from etj_trainer.step import lr_of
-from etj_trainer.world import World
+from etj_trainer.batching.dynamic_sgd import DynamicSGD
+from etj_trainer.core.progress import ProgressReporter, get_json
+from etj_trainer.core.world import World
+from etj_trainer.loop.step import lr_of
 
 if TYPE_CHECKING:
-    from etj_trainer.elastic import Job
+    from etj_trainer.loop.job import Job
 
 
 @dataclass
