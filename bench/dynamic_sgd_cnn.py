@@ -72,7 +72,8 @@ from torch import nn
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.batching.sampler import ElasticSampler
-from etj_trainer.data.sources import MEAN, STD, TensorSource, digits_tensor_source
+from etj_trainer.data.sources import TensorSource, digits_tensor_source
+from etj_trainer.data.stream import MEAN, STD
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dynamic_sgd_experiment import _mean_std, _sha, compare

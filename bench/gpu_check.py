@@ -55,7 +55,7 @@ def make_jpeg_tar(path: Path, n: int, size: tuple[int, int], seed: int = 0) -> P
 def _source(tar: Path, image_size: int, batch: int, gpu: bool, threads: int) -> Any:
     from etj_trainer.data.augment import Augmentation
     from etj_trainer.data.dali_input import DaliImageSource, list_tar_samples
-    from etj_trainer.data.sources import Augmenter
+    from etj_trainer.data.stream import Augmenter
 
     return DaliImageSource(
         list_tar_samples(tar),
@@ -69,7 +69,7 @@ def _source(tar: Path, image_size: int, batch: int, gpu: bool, threads: int) -> 
 
 def _stream(n: int, batch: int, batches: int, epoch0: int = 0) -> list[Any]:
     from etj_trainer.batching.sampler import ElasticSampler
-    from etj_trainer.data.sources import Micro
+    from etj_trainer.data.stream import Micro
 
     s, out = ElasticSampler(n, seed=0), []
     while len(out) < batches:

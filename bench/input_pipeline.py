@@ -21,7 +21,8 @@ import torch
 
 from etj_trainer.batching.sampler import ElasticSampler
 from etj_trainer.data.dali_input import DaliImageSource, list_folder_samples
-from etj_trainer.data.sources import MEAN, STD, ensure_digits
+from etj_trainer.data.sources import ensure_digits
+from etj_trainer.data.stream import MEAN, STD
 
 
 def index_stream(n: int, batch: int, epochs: int) -> list[np.ndarray]:

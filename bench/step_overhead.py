@@ -78,7 +78,7 @@ def _ddp_arm(rank: int, steps: int) -> list[float]:
 def _marking_flag() -> Any:
     """A StopFlag that records when each step reaches its commit (the stop code is read once a step)."""
     from etj_trainer.classifier.trainer import StopFlag
-    from etj_trainer.resize.regroup import StopCode
+    from etj_trainer.core.stopping import StopCode
 
     class Marking(StopFlag):
         def __init__(self) -> None:

@@ -113,7 +113,7 @@ def test_augmented_sample_is_the_same_in_any_micro_batch(digits_dir: Path) -> No
     """Crop + flip come from (seed, epoch, id) through external_source: regrouping ids (another world size)
     gives every sample the same pixels; another epoch gives other crops."""
     from etj_trainer.data.augment import Augmentation
-    from etj_trainer.data.sources import Augmenter, Micro
+    from etj_trainer.data.stream import Augmenter, Micro
 
     table = list_tar_samples(digits_dir / "train.tar")
     aug = Augmenter(Augmentation.STANDARD, seed=5, min_scale=0.2)

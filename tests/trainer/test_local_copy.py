@@ -17,7 +17,7 @@ import torch
 from etj_trainer.checkpoint.store import list_checkpoints, load_latest
 from etj_trainer.classifier.trainer import StopFlag, train
 from etj_trainer.config import TrainConfig
-from etj_trainer.resize.regroup import StopCode
+from etj_trainer.core.stopping import StopCode
 
 FAIL_AT_STEP = 6
 

@@ -19,7 +19,8 @@ from etj_testbed.worldsim import run_world
 from etj_trainer.checkpoint.store import load_latest
 from etj_trainer.classifier.trainer import StopFlag
 from etj_trainer.config import TrainConfig
-from etj_trainer.resize.regroup import Regroup, StopCode, decide
+from etj_trainer.core.stopping import StopCode
+from etj_trainer.resize.regroup import Regroup, decide
 
 R, L, X, A = StopCode.RUN, StopCode.LEAVING, StopCode.RESTARTING, StopCode.ADMIT
 

@@ -16,7 +16,7 @@ import pytest
 
 from etj_trainer.classifier.trainer import StopFlag, train
 from etj_trainer.config import TrainConfig
-from etj_trainer.resize.regroup import StopCode
+from etj_trainer.core.stopping import StopCode
 
 DIE_AT_STEP = 7
 

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from etj_trainer.classifier.trainer import StopFlag
 from etj_trainer.config import TrainConfig
-from etj_trainer.resize.regroup import StopCode
+from etj_trainer.core.stopping import StopCode
 
 
 class _AtStep(StopFlag):

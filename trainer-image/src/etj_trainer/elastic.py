@@ -56,7 +56,7 @@ from __future__ import annotations
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.config import TrainConfig
 from etj_trainer.core.world import StopFlag
-from etj_trainer.data.sources import Micro
+from etj_trainer.data.stream import Micro
 from etj_trainer.loop.job import Job, last_job
 from etj_trainer.loop.step import ElasticModule, Membership, Step
 

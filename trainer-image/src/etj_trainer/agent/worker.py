@@ -236,8 +236,8 @@ def _worker(join_in_place: bool) -> None:
     from etj_trainer.classifier.trainer import EXIT_RESIZE, train
     from etj_trainer.config import TrainConfig
     from etj_trainer.core import devices
+    from etj_trainer.core.stopping import collective_timeout
     from etj_trainer.resize import group_sockets
-    from etj_trainer.resize.regroup import collective_timeout
 
     stop = elastic.StopFlag().install()  # a SIGTERM during start-up must still end in a checkpoint
     logging.basicConfig(level=etj_env.LOG_LEVEL.get(os.environ, "WARNING"))
@@ -484,9 +484,9 @@ def run_agent(cfg: AgentConfig) -> int:
         StoreNeverAnswered,
         build_when_store_answers,
     )
+    from etj_trainer.core.stopping import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
     from etj_trainer.resize import bounds
     from etj_trainer.resize.join import door_open
-    from etj_trainer.resize.regroup import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
 
     def first_handler() -> tuple[Any, Any] | None:
         """The first handler and its store client; None when the store never answered (bounded by the

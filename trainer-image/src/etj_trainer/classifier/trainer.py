@@ -24,7 +24,8 @@ from etj_trainer.classifier import recipe
 from etj_trainer.classifier.models import build_model
 from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
-from etj_trainer.data.sources import Augmenter, BatchSource, open_source
+from etj_trainer.data.sources import open_source
+from etj_trainer.data.stream import Augmenter, BatchSource
 from etj_trainer.elastic import Job, Membership, StopFlag
 
 __all__ = ["EXIT_RESIZE", "StopFlag", "TrainResult", "evaluate", "train"]

@@ -11,22 +11,21 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from etj_trainer.core import devices
-from etj_trainer.resize import regroup
+from etj_trainer.core import devices, stopping
 
 
 class StopFlag:
     """Set by SIGTERM; acted on at the next step boundary (never mid-step).
 
-    ``code`` says why (see regroup.py): the pod is leaving, or our agent is restarting us because a node
+    ``code`` says why (see stopping.py): the pod is leaving, or our agent is restarting us because a node
     joins -- the agent writes that into ETJ_AGENT_STATE_FILE before it signals.
     """
 
     def __init__(self) -> None:
         self.requested = False
-        self.code = regroup.StopCode.RUN
+        self.code = stopping.StopCode.RUN
 
-    def request(self, code: regroup.StopCode = regroup.StopCode.LEAVING) -> None:
+    def request(self, code: stopping.StopCode = stopping.StopCode.LEAVING) -> None:
         self.requested = True
         self.code = code
 
@@ -34,8 +33,8 @@ class StopFlag:
         global _installed
 
         def handler(signum: int, _frame: object) -> None:
-            restarting = regroup.agent_is_restarting()
-            self.request(regroup.StopCode.RESTARTING if restarting else regroup.StopCode.LEAVING)
+            restarting = stopping.agent_is_restarting()
+            self.request(stopping.StopCode.RESTARTING if restarting else stopping.StopCode.LEAVING)
 
         signal.signal(signal.SIGTERM, handler)
         _installed = self

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from etj_trainer.data.sources import MEAN, STD, Augmenter, StreamItem, unpack
+from etj_trainer.data.stream import MEAN, STD, Augmenter, StreamItem, unpack
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 

@@ -10,59 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from etj_contract import env as etj_env
-from etj_trainer.data.augment import Augmentation, Crops, apply_to_tensors, draw_crops
-
-MEAN, STD = 0.5, 0.25  # digits are grey scale; the same constants are used by the DALI path
-
-
-@dataclass(frozen=True)
-class Micro:
-    """One micro-batch of sample ids and the epoch they belong to (augmentation draws depend on it)."""
-
-    epoch: int
-    ids: np.ndarray
-
-
-# A source takes a stream of micro-batches; a bare id array means "epoch 0" (validation, tests).
-StreamItem = Micro | np.ndarray
-
-
-def unpack(item: StreamItem) -> Micro:
-    return item if isinstance(item, Micro) else Micro(0, np.asarray(item))
-
-
-@dataclass(frozen=True)
-class Augmenter:
-    """The training split's augmentation: draws depend on (seed, epoch, sample id) only (augment.py)."""
-
-    policy: Augmentation = Augmentation.NONE
-    seed: int = 0
-    min_scale: float = 0.08
-    flip: bool = True
-
-    @property
-    def on(self) -> bool:
-        return self.policy == Augmentation.STANDARD
-
-    def crops(self, m: Micro) -> Crops:
-        return draw_crops(self.seed, m.epoch, m.ids, self.min_scale, self.flip)
-
-
-class BatchSource(Protocol):
-    num_samples: int
-    sample_shape: tuple[int, ...]  # C, H, W: lets a rank with an empty share build an empty batch
-
-    def batches(self, index_stream: Iterator[StreamItem]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
-
-    def close(self) -> None: ...
+from etj_trainer.data.augment import apply_to_tensors
+from etj_trainer.data.stream import MEAN, STD, Augmenter, BatchSource, StreamItem, unpack
 
 
 class TensorSource:

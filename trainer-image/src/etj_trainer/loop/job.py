@@ -28,7 +28,7 @@ from etj_trainer.batching.plan import ResizePolicy, plan_step
 from etj_trainer.batching.sampler import ElasticSampler
 from etj_trainer.checkpoint.store import CheckpointStore, StateWriter
 from etj_trainer.config import TrainConfig
-from etj_trainer.core import devices
+from etj_trainer.core import devices, stopping
 from etj_trainer.core.progress import ProgressReporter
 from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.world import StopFlag, World, incarnation, installed
@@ -78,7 +78,7 @@ class Job:
         # First of all, this rank's own GPU (a script started by torchrun has no etj worker to bind it).
         devices.bind_this_rank()
         if "WORLD_SIZE" in os.environ and not dist.is_initialized() and not join.joining():
-            group_sockets.init(devices.process_group_backend(), timeout=regroup.collective_timeout())
+            group_sockets.init(devices.process_group_backend(), timeout=stopping.collective_timeout())
         self.world = World.current()
         self.stop = stop or installed() or StopFlag().install()
         if cfg.deterministic:
@@ -107,8 +107,8 @@ class Job:
         self._committed = True  # the state in memory is the last committed step
         self._current: Step | None = None
         self._failure_handled = False
-        self._samples_log: SampleLog | None = None
-        self._t_last = time.monotonic()
+        self.samples_log: SampleLog | None = None
+        self.t_last_commit = time.monotonic()
         self._codes: list[int] = []
         _last_job = self
 
@@ -122,6 +122,11 @@ class Job:
     def step_lost(self) -> bool:
         """The step in progress failed because a peer died: it is redone once the world re-forms."""
         return self._current is not None and self._current.lost is not None
+
+    def stop_code(self) -> int:
+        """This rank's code in a step's commit all-reduce: its own stop request, else what the in-process
+        resizes have to say (rank 0: ADMIT while a joiner waits)."""
+        return int(self.stop.code or self.inplace.code())
 
     def setup_model(self, module: nn.Module) -> ElasticModule:
         """Move ``module`` to the job's device; returns the module to train with (and checkpoint)."""
@@ -163,7 +168,7 @@ class Job:
                 step = self._current = Step(self, m)
                 yield step
                 if step.lost is not None:  # a peer died: the survivors redo this step in a new membership
-                    step._undo.restore(self.model.module if self.model is not None else None)
+                    step.roll_back()
                     resize = step.lost
                     break
                 if not step.committed:
@@ -229,7 +234,7 @@ class Job:
                 self.on_failure()
                 raise
             try:
-                step.lost = self.inplace.lost_or_raise(e, self.step, time.monotonic() - self._t_last)
+                step.lost = self.inplace.lost_or_raise(e, self.step, time.monotonic() - self.t_last_commit)
             except Exception:
                 self.on_failure()
                 raise
@@ -241,7 +246,7 @@ class Job:
             return
         self._failure_handled = True
         if self._current is not None and not self._current.committed:
-            self._current._undo.restore(self.model.module if self.model is not None else None)
+            self._current.roll_back()
         if self.world.local_rank != 0 or self.membership is None:
             return
         try:
@@ -350,11 +355,11 @@ class Job:
             self.optimizer.set_target(plan.lr_target)  # ramps from the multiplier in force to this world's
         inc = self.incarnation = incarnation(w.dist_on)
         self.inplace.enter(w, inc)  # heartbeat under this membership's id; rank 0 opens the join door
-        self._samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
+        self.samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
         self.model.train()
         return Membership(world=w, plan=plan, incarnation=inc, job=self)
 
-    def _commit(self, step: Step, loss: float, codes: list[int]) -> None:
+    def commit_step(self, step: Step, loss: float, codes: list[int]) -> None:
         """After the commit all-reduce: only local work, which no peer's failure can interrupt."""
         assert self.optimizer is not None
         self._committed = False
@@ -370,9 +375,9 @@ class Job:
         self._committed = step.committed = True
         self.loss, self._codes = loss, codes
         now = time.monotonic()
-        inst = len(step.indices) / max(now - self._t_last, 1e-9)
+        inst = len(step.indices) / max(now - self.t_last_commit, 1e-9)
         self.rate = 0.8 * self.rate + 0.2 * inst if self.rate else inst
-        self._t_last = now
+        self.t_last_commit = now
 
     def boundary(self) -> tuple[regroup.Regroup | None, bool]:
         """The step boundary: resize record, who stops, checkpoints, progress. Returns (where the

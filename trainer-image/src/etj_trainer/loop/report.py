@@ -11,16 +11,40 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import torch
 
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
+from etj_trainer.batching.sampler import ElasticSampler
+from etj_trainer.config import TrainConfig
 from etj_trainer.core.progress import ProgressReporter, get_json
 from etj_trainer.core.world import World
-from etj_trainer.loop.step import lr_of
+from etj_trainer.loop.step import Membership, lr_of
 
-if TYPE_CHECKING:
-    from etj_trainer.loop.job import Job
+
+class Reported(Protocol):
+    """What a report reads of the job (loop/job.py's ``Job``): its state, never its internals."""
+
+    @property
+    def config(self) -> TrainConfig: ...
+    @property
+    def sampler(self) -> ElasticSampler: ...
+    @property
+    def world(self) -> World: ...
+    @property
+    def membership(self) -> Membership | None: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def meta(self) -> dict[str, Any]: ...  # what the checkpoints carry: samples seen, resizes, LR
+    @property
+    def loss(self) -> float: ...
+    @property
+    def rate(self) -> float: ...  # samples a second
 
 
 @dataclass
@@ -72,13 +96,13 @@ class Report:
         ]
         print(f"etj: resize {self.prev_world}->{world.size} done at step {step}", flush=True)
 
-    def report(self, job: Job, stop_now: bool) -> None:
+    def report(self, job: Reported, stop_now: bool) -> None:
         """Rank 0, at a step boundary (forced when the world stops or just resized)."""
         first_after_resize = len(job.meta["resizes"]) > 0 and job.step == self.restored_step + 1
         self.reporter.report(progress(job), force=stop_now or first_after_resize)
 
 
-def progress(job: Job) -> dict[str, Any]:
+def progress(job: Reported) -> dict[str, Any]:
     """The job's progress document (etj_contract.progress) as JSON."""
     m = job.membership
     assert m is not None

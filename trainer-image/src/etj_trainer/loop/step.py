@@ -16,8 +16,9 @@ import math
 import random
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -27,14 +28,48 @@ from torch import nn
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.batching.plan import BatchPlan, micro_batch_sizes
 from etj_trainer.batching.sampler import ElasticSampler
-from etj_trainer.batching.schedule import lr_factor, position
+from etj_trainer.batching.schedule import LrSchedule, lr_factor, position
+from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
+from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.world import World
-from etj_trainer.data.sources import Micro
+from etj_trainer.data.stream import Micro
 from etj_trainer.resize import recover
 
-if TYPE_CHECKING:
-    from etj_trainer.loop.job import Job
+
+class StepHost(Protocol):
+    """What a step, its module wrapper and its membership read of the job that runs them, and the one
+    call back at the commit. loop/job.py's ``Job`` is the implementation; this view is narrow so that
+    this module does not import job.py (which imports it) nor reach into the Job's private state."""
+
+    @property
+    def config(self) -> TrainConfig: ...
+    @property
+    def sampler(self) -> ElasticSampler: ...
+    @property
+    def step(self) -> int: ...  # the last committed step
+    @property
+    def schedule(self) -> LrSchedule: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None: ...
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None: ...
+    @property
+    def model(self) -> ElasticModule | None: ...
+    @property
+    def ddp(self) -> nn.Module | None: ...  # the current membership's DDP wrapper (None: one rank)
+    @property
+    def step_lost(self) -> bool: ...
+    @property
+    def t_last_commit(self) -> float: ...  # time.monotonic() of the last commit (min_step_seconds)
+    @property
+    def samples_log(self) -> SampleLog | None: ...
+
+    def guard(self) -> AbstractContextManager[None]: ...  # around every collective of a step
+
+    def stop_code(self) -> int: ...  # this rank's code in the commit all-reduce (core/stopping.py)
+
+    def commit_step(self, step: Step, loss: float, codes: list[int]) -> None: ...
 
 
 @dataclass
@@ -44,7 +79,7 @@ class Membership:
     world: World
     plan: BatchPlan
     incarnation: float  # a world-wide id (rank 0's clock): tags sample-log lines and regroup keys
-    job: Job
+    job: StepHost
 
     def upcoming(self) -> Iterator[Micro]:
         """Every micro-batch this rank will train on in this membership, in order (for prefetching
@@ -71,7 +106,7 @@ class ElasticModule(nn.Module):
     (no collective, so rank 0 may evaluate alone). ``state_dict`` is the module's own (no ``module.``).
     """
 
-    def __init__(self, module: nn.Module, job: Job) -> None:
+    def __init__(self, module: nn.Module, job: StepHost) -> None:
         super().__init__()
         self.module = module
         self._job = [job]  # in a list: not a submodule, not part of the state
@@ -135,7 +170,7 @@ class _Undo:
 class Step:
     """One global step: this rank's share of the step's indices, in micro-batches."""
 
-    def __init__(self, job: Job, membership: Membership) -> None:
+    def __init__(self, job: StepHost, membership: Membership) -> None:
         self.job = job
         self.membership = membership
         self.number = job.step + 1  # 1-based: the step this trains
@@ -157,6 +192,11 @@ class Step:
         self.lost: recover.Lost | None = None  # a peer died in this step: it is redone in a new membership
         if job.optimizer is not None:
             job.optimizer.zero_grad()  # to None, as a plain loop does: no memset of every gradient a step
+
+    def roll_back(self) -> None:
+        """Put back what this step changed before its commit point (it did not commit)."""
+        model = self.job.model
+        self._undo.restore(model.module if model is not None else None)
 
     def micro_batches(self) -> Iterator[Micro]:
         """This rank's share in micro-batches; DDP syncs gradients only in the last one's backward.
@@ -194,21 +234,23 @@ class Step:
             return
         with job.guard():
             if cfg.min_step_seconds > 0:
-                time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - job._t_last)))
-            if job._samples_log is not None:
+                time.sleep(max(0.0, cfg.min_step_seconds - (time.monotonic() - job.t_last_commit)))
+            if job.samples_log is not None:
                 # Logged before the commit: a rank killed right after it used to leave a committed step
                 # without its record (bench/chaos.py). A record of a step that never commits is harmless:
                 # the redo logs it again under a newer incarnation, and the checker keeps the newest.
-                job._samples_log.write(self.epoch, self.number, w.size, self.ids, lr=self.lr)
+                job.samples_log.write(self.epoch, self.number, w.size, self.ids, lr=self.lr)
             stats = torch.zeros(1 + w.size, dtype=torch.float64)
             if self.loss_sum is not None:
                 stats[0] = self.loss_sum  # the step's one device-to-host copy of the loss
-            stats[1 + w.rank] = float(job.stop.code or job.inplace.code())
+            stats[1 + w.rank] = float(job.stop_code())
             if w.dist_on:
                 dist.all_reduce(stats)
         if self.lost is not None:
             return  # the commit failed: nothing changed, the step is redone
-        job._commit(self, float(stats[0]) / len(self.indices), [int(c) for c in stats[1:].round().tolist()])
+        job.commit_step(
+            self, float(stats[0]) / len(self.indices), [int(c) for c in stats[1:].round().tolist()]
+        )
 
 
 def lr_of(opt: torch.optim.Optimizer | None) -> float:

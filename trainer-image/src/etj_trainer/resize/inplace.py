@@ -19,14 +19,36 @@ side of them, split out of elastic.py so the loop API reads as a loop and this r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from torch import nn
+
+from etj_trainer.config import TrainConfig
+from etj_trainer.core import stopping
 from etj_trainer.core.world import World
 from etj_trainer.resize import bounds, join, recover, regroup
 from etj_trainer.resize.state_sync import broadcast_state, newest_step
 
-if TYPE_CHECKING:
-    from etj_trainer.loop.job import Job
+
+class ResizingJob(Protocol):
+    """What the resize paths read and set of the job (loop/job.py's ``Job``): who it is, which step it
+    holds and its state as a whole; a narrow view, so this layer does not import the loop above it."""
+
+    @property
+    def world(self) -> World: ...
+    @property
+    def config(self) -> TrainConfig: ...
+    @property
+    def incarnation(self) -> float: ...  # the current membership's id
+    @property
+    def step(self) -> int: ...  # the last committed step
+    @property
+    def model(self) -> nn.Module | None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
 
 Resize = regroup.Regroup | recover.Lost | join.Ticket  # what a world changes in process for
 
@@ -49,13 +71,13 @@ class InPlace:
         if world.rank == 0 and self.watch is not None and self.door is None:
             self.door = join.Door.open()
 
-    def code(self) -> regroup.StopCode:
+    def code(self) -> stopping.StopCode:
         return join.code(self.door)
 
     def lost_or_raise(self, exc: BaseException, step: int, since_step_s: float) -> recover.Lost:
         return recover.lost_or_raise(exc, self.watch is not None, self.last_failed_step, step, since_step_s)
 
-    def regroup(self, job: Job, to: Resize) -> tuple[int, World] | None:
+    def regroup(self, job: ResizingJob, to: Resize) -> tuple[int, World] | None:
         """Re-form the world for ``to``; returns (the old size, the new world), or None when nothing
         changed (the joiners withdrew, or there was no room). Raises the step's error when a crash cannot
         be recovered in place (left out, or fewer survivors than the minimum)."""
@@ -90,7 +112,7 @@ class InPlace:
             self.door.close(shut=shut)
 
 
-def sync_state(job: Job, w: World, behind: bool = False) -> None:
+def sync_state(job: ResizingJob, w: World, behind: bool = False) -> None:
     """After an in-place re-form: every rank takes the newest committed step, tensor by tensor from the
     lowest rank holding it (a no-op when all agree, as they do unless a peer died inside the commit).
     ``behind``: this rank holds no step yet (a joiner)."""

@@ -35,7 +35,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer.resize import regroup
+from etj_trainer.core import stopping
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class Ticket:
 
 def _client() -> dist.TCPStore:
     host, _, port = os.environ[etj_env.RDZV_ENDPOINT.name].rpartition(":")
-    return dist.TCPStore(host, int(port), is_master=False, timeout=regroup.collective_timeout())
+    return dist.TCPStore(host, int(port), is_master=False, timeout=stopping.collective_timeout())
 
 
 def _prefix() -> str:
@@ -189,9 +189,9 @@ def admission(
     return Admission(key, int(old), tuple(joiners), int(new_size))
 
 
-def code(door: Door | None) -> regroup.StopCode:
+def code(door: Door | None) -> stopping.StopCode:
     """Rank 0's stop code when it has nothing else to say: ADMIT while someone waits."""
-    return regroup.StopCode.ADMIT if door is not None and door.pending else regroup.StopCode.RUN
+    return stopping.StopCode.ADMIT if door is not None and door.pending else stopping.StopCode.RUN
 
 
 def ask(

@@ -19,21 +19,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import timedelta
-from enum import IntEnum
 
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
 from etj_trainer.core import devices
+from etj_trainer.core.stopping import StopCode, collective_timeout
 from etj_trainer.resize import group_sockets
-
-
-class StopCode(IntEnum):
-    RUN = 0
-    LEAVING = 1  # this rank's pod is going away (the agent got SIGTERM)
-    RESTARTING = 2  # this rank's agent restarts its workers (membership grows): everyone restarts
-    ADMIT = 3  # rank 0 only: joiners are waiting; old + new ranks re-form the world in place (join.py)
 
 
 @dataclass(frozen=True)
@@ -93,34 +85,6 @@ def enabled_from_env() -> bool:
     return bool(os.environ.get(etj_env.AGENT_STATE_FILE.name)) and bool(
         os.environ.get(etj_env.RDZV_ENDPOINT.name)
     )
-
-
-AGENT_RESTARTING, AGENT_RUNNING = "restarting", "running"
-
-
-def write_agent_state(path: str, state: str) -> None:
-    """The agent's half of ETJ_AGENT_STATE_FILE: written before it signals its workers."""
-    if path:
-        with open(path, "w") as f:
-            f.write(state)
-
-
-def agent_is_restarting() -> bool:
-    """The workers' half, read by the SIGTERM handler: did our agent say it is restarting us?"""
-    path = os.environ.get(etj_env.AGENT_STATE_FILE.name)
-    if not path:
-        return False
-    try:
-        with open(path) as f:
-            return f.read().strip() == AGENT_RESTARTING
-    except OSError:
-        return False
-
-
-def collective_timeout() -> timedelta:
-    """Bounded (ETJ_COLLECTIVE_TIMEOUT_S, default 120 s): a peer that vanished without closing its sockets
-    must not hang the survivors for torch's default 30 minutes (pytorch#111646)."""
-    return timedelta(seconds=etj_env.COLLECTIVE_TIMEOUT_S.get(os.environ, 120))
 
 
 def reform(key: str, new_rank: int, new_world: int) -> None:
