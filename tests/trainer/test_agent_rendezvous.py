@@ -9,12 +9,9 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
-from etj_trainer.agent.worker import (
-    AgentConfig,
-    make_rendezvous_handler,
-    patch_rendezvous_poll,
-    preload_modules,
-)
+from etj_trainer.agent.agent_config import AgentConfig
+from etj_trainer.agent.rendezvous import make_rendezvous_handler, patch_rendezvous_poll
+from etj_trainer.agent.worker import preload_modules
 
 
 @pytest.fixture
@@ -84,7 +81,7 @@ def test_the_first_round_waits_for_every_warm_agent_then_the_job_minimum_is_back
     poll, and the bound puts the job's minimum back (a guard: this fails if torch renames the setting)."""
     import threading
 
-    from etj_trainer.agent.worker import first_round_min_nodes
+    from etj_trainer.agent.rendezvous import first_round_min_nodes
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     cfg = AgentConfig(endpoint=f"127.0.0.1:{store.port}", run_id="t2", min_nodes=1, max_nodes=4)

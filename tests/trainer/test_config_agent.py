@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from etj_trainer.agent.worker import AgentConfig
+from etj_trainer.agent.agent_config import AgentConfig
 from etj_trainer.batching.plan import ResizePolicy
 from etj_trainer.config import TrainConfig
 

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     from etj_trainer.agent.worker import BASE_PRELOAD, _noop
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([m for m in BASE_PRELOAD if m.startswith("etj_trainer._")])
+    ctx.set_forkserver_preload([m for m in BASE_PRELOAD if m.startswith("etj_trainer.agent._")])
     p = ctx.Process(target=_noop); p.start(); p.join()
     server = forkserver._forkserver._forkserver_pid
     # The kernel's own record, not a wait: an ignored signal is discarded when it is sent, while a sleep

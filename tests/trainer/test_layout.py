@@ -3,11 +3,18 @@
 * No import cycles inside etj_trainer, module by module (the layers contract in pyproject.toml, run by
   ``make lint``, checks the subpackages; this checks the modules within them too). TYPE_CHECKING-only
   imports count: an annotation that needs a cycle is a dependency that needs a narrower interface.
+* No production module over 400 lines and no function over 60, unless its docstring has a line starting
+  ``Long because:`` with the reason.
 """
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import grimp
+
+import etj_trainer
 
 
 def import_cycles(graph: grimp.ImportGraph, root: str = "etj_trainer") -> list[list[str]]:
@@ -58,3 +65,46 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     graph.add_import(importer="etj_trainer.loop.step", imported="etj_trainer.loop.job")
     cycles = import_cycles(graph)
     assert any({"etj_trainer.loop.job", "etj_trainer.loop.step"} <= set(c) for c in cycles), cycles
+
+
+# Sizes. A module or function over its limit names its reason on a docstring line of its own.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+REASON = "Long because:"
+PACKAGE = Path(etj_trainer.__file__).parent
+DOCUMENTED = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _has_reason(node: ast.AST) -> bool:
+    doc = ast.get_docstring(node) if isinstance(node, DOCUMENTED) else None
+    return doc is not None and any(line.strip().startswith(REASON) for line in doc.splitlines())
+
+
+def oversized(source: str, name: str) -> list[str]:
+    """What in one module is over its limit without a reason."""
+    tree = ast.parse(source)
+    found = []
+    lines = len(source.splitlines())
+    if lines > MAX_MODULE_LINES and not _has_reason(tree):
+        found.append(f"{name}: {lines} lines")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            n = (node.end_lineno or node.lineno) - node.lineno + 1
+            if n > MAX_FUNCTION_LINES and not _has_reason(node):
+                found.append(f"{name}:{node.lineno} {node.name}(): {n} lines")
+    return found
+
+
+def test_no_module_or_function_is_over_its_size_without_a_reason() -> None:
+    found = [
+        msg
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for msg in oversized(path.read_text(), str(path.relative_to(PACKAGE)))
+    ]
+    assert found == [], f"split these, or say why on a docstring line starting {REASON!r}: {found}"
+
+
+def test_the_size_check_finds_a_long_function() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert oversized(f"def f() -> None:\n{body}\n", "m.py") == [f"m.py:1 f(): {MAX_FUNCTION_LINES + 1} lines"]
+    reasoned = f'def f() -> None:\n    """Long because: a test."""\n{body}\n'
+    assert oversized(reasoned, "m.py") == []

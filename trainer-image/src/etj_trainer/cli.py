@@ -52,6 +52,10 @@ def _script_env(script: list[str] | None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``etj-train``.
+
+    Long because: the commands' flags are one flat argparse list, then the dispatch on them.
+    """
     ap = argparse.ArgumentParser(prog="etj-train")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("store", help="rendezvous pod: TCPStore + HTTP progress server")

@@ -62,7 +62,10 @@ def evaluate(model: nn.Module, source: BatchSource, micro: int, device: torch.de
 
 
 def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
-    """Run (or resume) training in the current process group; see the module docstring."""
+    """Run (or resume) training in the current process group; see the module docstring.
+
+    Long because: the built-in loop reads top to bottom, as the example a user's own loop follows.
+    """
     devices.bind_this_rank()  # before the input pipeline picks its GPU
     dtype = _dtype(cfg.dtype)
     precision = recipe.Precision(cfg.precision)

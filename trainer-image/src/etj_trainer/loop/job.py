@@ -4,6 +4,9 @@ The public face and reference of the API is ``etj_trainer.elastic`` (its docstri
 guarantees a loop written on it); scripts import from there, not from here. ``Job``'s parts share its
 state and read in order as one loop: registering state, the loop, failures, state, and the internals of
 a membership (start, commit, boundary, regroup).
+
+Long because: ``Job``'s parts share its state and read in order as one loop; what could be split by
+concern already is (step.py, report.py, resize/inplace.py).
 """
 
 from __future__ import annotations

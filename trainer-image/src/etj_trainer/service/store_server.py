@@ -119,7 +119,10 @@ def make_http_server(
     max_connections: int = MAX_HTTP_CONNECTIONS,
 ) -> CappedHTTPServer:
     """The progress endpoint and the operator's ``/replicas``; ``token`` (None or empty: none) is required
-    on both. ``set_replicas`` is told each accepted bound (the bounds themselves are served from here)."""
+    on both. ``set_replicas`` is told each accepted bound (the bounds themselves are served from here).
+
+    Long because: the handler class closes over the state, the token and the bounds it serves.
+    """
     current: list[Replicas] = []
     expected = f"{TOKEN_SCHEME} {token}".encode() if token else None
 
