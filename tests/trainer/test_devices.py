@@ -20,10 +20,10 @@ from etj_trainer.agent.local_launcher import run_local
 from etj_trainer.checkpoint.store import decode, encode
 from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
+from etj_trainer.core.rng import capture_rng, restore_rng
 from etj_trainer.loop.step import _Undo
-from etj_trainer.resize.state_sync import capture_rng, restore_rng
 
-SRC = Path(devices.__file__).parent
+SRC = Path(devices.__file__).parents[1]  # etj_trainer
 
 
 # ---- the backend -------------------------------------------------------------------------------------------
@@ -47,9 +47,12 @@ def test_every_accelerator_group_has_a_cpu_backend_for_the_control_traffic(accel
 
 
 def test_one_function_spells_the_backend() -> None:
-    """Every process group of the trainer comes from devices.process_group_backend (its docstring)."""
+    """Every process group of the trainer comes from devices.process_group_backend (its docstring), by way
+    of group_sockets.init."""
     spelled = re.compile(r"""["'](nccl|gloo)["']|init_process_group\(\s*["']""")
-    offenders = [p.name for p in SRC.glob("*.py") if p.name != "devices.py" and spelled.search(p.read_text())]
+    offenders = [
+        p.name for p in SRC.rglob("*.py") if p.name != "devices.py" and spelled.search(p.read_text())
+    ]
     assert offenders == []
 
 

@@ -71,16 +71,13 @@ def _rank_main(
     kill_at: dict[int, int],
 ) -> None:
     from etj_trainer.classifier.trainer import train
-    from etj_trainer.core import devices
     from etj_trainer.resize import group_sockets
 
     os.environ["LOCAL_RANK"] = str(rank)
     if store:
         os.environ["ETJ_RDZV_ENDPOINT"] = store
         os.environ["ETJ_AGENT_STATE_FILE"] = str(Path(out_dir, "agent.state"))  # never "restarting"
-    group_sockets.init(
-        devices.process_group_backend(), init_method=f"file://{init_file}", rank=rank, world_size=world
-    )
+    group_sockets.init(init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         stop: StopFlag | None = None
         if rank in leave_at:

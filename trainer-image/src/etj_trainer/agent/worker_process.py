@@ -51,7 +51,6 @@ def _worker(join_in_place: bool) -> None:
     from etj_trainer.classifier.trainer import EXIT_RESIZE, train
     from etj_trainer.config import TrainConfig
     from etj_trainer.core import devices
-    from etj_trainer.core.stopping import collective_timeout
     from etj_trainer.resize import group_sockets
 
     stop = elastic.StopFlag().install()  # a SIGTERM during start-up must still end in a checkpoint
@@ -60,7 +59,7 @@ def _worker(join_in_place: bool) -> None:
     cfg = None if script else TrainConfig.from_env()  # a bad env value fails here, before the group forms
     devices.bind_this_rank()  # this rank's GPU, before any CUDA call
     if not join_in_place:  # a joiner forms its first group when the world admits it (join.py)
-        group_sockets.init(devices.process_group_backend(), timeout=collective_timeout())
+        group_sockets.init_first()
     if cfg is None:
         run_script(json.loads(script))
     else:

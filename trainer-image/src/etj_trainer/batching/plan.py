@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+
 
 class ResizePolicy(StrEnum):
     FIXED_GLOBAL_BATCH = "FixedGlobalBatch"
@@ -37,6 +39,15 @@ def micro_batch_sizes(count: int, micro_batch: int) -> list[int]:
     n = math.ceil(count / micro_batch)
     # Even chunks rather than "full chunks + remainder": same accumulation count, better balanced.
     return split_counts(count, n)
+
+
+def micro_slices(ids: np.ndarray, micro_batch: int) -> list[np.ndarray]:
+    """A rank's share of sample ids cut into its micro-batches (``micro_batch_sizes``), in order; views."""
+    slices, start = [], 0
+    for n in micro_batch_sizes(len(ids), micro_batch):
+        slices.append(ids[start : start + n])
+        start += n
+    return slices
 
 
 def loss_scale(world_size: int, step_samples: int) -> float:

@@ -31,15 +31,16 @@ from etj_trainer.batching.plan import ResizePolicy, plan_step
 from etj_trainer.batching.sampler import ElasticSampler
 from etj_trainer.checkpoint.store import CheckpointStore, StateWriter
 from etj_trainer.config import TrainConfig
-from etj_trainer.core import devices, stopping
+from etj_trainer.core import devices
 from etj_trainer.core.progress import ProgressReporter
+from etj_trainer.core.rng import capture_rng, restore_rng
 from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.world import StopFlag, World, incarnation, installed
 from etj_trainer.loop.report import Report, progress
-from etj_trainer.loop.step import ElasticModule, Membership, Step
+from etj_trainer.loop.step import ElasticModule, Membership, Step, still_training
 from etj_trainer.resize import group_sockets, join, regroup
 from etj_trainer.resize.inplace import InPlace, Resize
-from etj_trainer.resize.state_sync import agree_on_checkpoint, capture_rng, restore_rng
+from etj_trainer.resize.state_sync import agree_on_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class Job:
         # First of all, this rank's own GPU (a script started by torchrun has no etj worker to bind it).
         devices.bind_this_rank()
         if "WORLD_SIZE" in os.environ and not dist.is_initialized() and not join.joining():
-            group_sockets.init(devices.process_group_backend(), timeout=stopping.collective_timeout())
+            group_sockets.init_first()
         self.world = World.current()
         self.stop = stop or installed() or StopFlag().install()
         if cfg.deterministic:
@@ -186,8 +187,7 @@ class Job:
 
     @property
     def running(self) -> bool:
-        cfg = self.config
-        return self.sampler.epoch < cfg.epochs and (cfg.max_steps <= 0 or self.step < cfg.max_steps)
+        return still_training(self.config, self.sampler.epoch, self.step)
 
     def finish(self, **metrics: Any) -> None:
         """Final checkpoint and the final report (with ``metrics``, e.g. ``accuracy``); then the world's

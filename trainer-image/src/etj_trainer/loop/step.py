@@ -13,24 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
-from etj_trainer.batching.plan import BatchPlan, micro_batch_sizes
+from etj_trainer.batching.plan import BatchPlan, micro_slices
 from etj_trainer.batching.sampler import ElasticSampler
 from etj_trainer.batching.schedule import LrSchedule, lr_factor, position
 from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
+from etj_trainer.core.rng import HostGenerators
 from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.world import World
 from etj_trainer.data.stream import Micro
@@ -88,13 +87,11 @@ class Membership:
         sim = ElasticSampler(job.sampler.dataset_size, job.sampler.seed, job.sampler.shuffle)
         sim.load_state_dict(job.sampler.state_dict())
         step = job.step
-        while sim.epoch < cfg.epochs and (cfg.max_steps <= 0 or step < cfg.max_steps):
+        while still_training(cfg, sim.epoch, step):
             gidx = sim.next_global_batch(self.plan.global_batch)
             mine = ElasticSampler.rank_slice(gidx, self.world.size, self.world.rank)
-            start = 0
-            for n in micro_batch_sizes(len(mine), cfg.micro_batch_size):
-                yield Micro(sim.epoch, mine[start : start + n])
-                start += n
+            for ids in micro_slices(mine, cfg.micro_batch_size):
+                yield Micro(sim.epoch, ids)
             sim.commit(len(gidx))
             step += 1
 
@@ -145,14 +142,14 @@ class _Undo:
     statistics, DDP's buffer broadcast) and the RNG. Small next to the parameters; captured every step."""
 
     buffers: list[torch.Tensor]
-    rng: tuple[Any, Any, Any]
+    rng: HostGenerators
     cuda_rng: list[torch.Tensor]  # every visible GPU's generator (dropout, GPU augmentation)
 
     @classmethod
     def capture(cls, model: nn.Module | None) -> _Undo:
         return cls(
             [b.detach().clone() for b in model.buffers()] if model is not None else [],
-            (torch.get_rng_state(), np.random.get_state(), random.getstate()),
+            HostGenerators.capture(),
             devices.cuda_rng_states(),
         )
 
@@ -161,9 +158,7 @@ class _Undo:
             with torch.no_grad():
                 for b, saved in zip(model.buffers(), self.buffers, strict=True):
                     b.copy_(saved)
-        torch.set_rng_state(self.rng[0])
-        np.random.set_state(self.rng[1])
-        random.setstate(self.rng[2])
+        self.rng.restore()
         devices.set_cuda_rng_states(self.cuda_rng)
 
 
@@ -205,15 +200,13 @@ class Step:
         (an empty forward and backward), every rank must take part in the gradient all-reduce.
         """
         ddp = self.job.ddp
-        sizes = micro_batch_sizes(len(self.ids), self.job.config.micro_batch_size) or [0]
-        start = 0
-        for i, n in enumerate(sizes):
+        slices = micro_slices(self.ids, self.job.config.micro_batch_size) or [self.ids[:0]]
+        for i, ids in enumerate(slices):
             if self.lost is not None:
                 return  # the rest of a lost step is not run
-            last = i == len(sizes) - 1
+            last = i == len(slices) - 1
             with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # type: ignore[operator]
-                yield Micro(self.epoch, self.ids[start : start + n])
-            start += n
+                yield Micro(self.epoch, ids)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of a micro-batch's *summed* loss, weighted so DDP's average is the global mean."""
@@ -251,6 +244,11 @@ class Step:
         job.commit_step(
             self, float(stats[0]) / len(self.indices), [int(c) for c in stats[1:].round().tolist()]
         )
+
+
+def still_training(cfg: TrainConfig, epoch: int, step: int) -> bool:
+    """Is there a step after ``step`` (committed steps) in ``epoch``: the epochs and max steps not done."""
+    return epoch < cfg.epochs and (cfg.max_steps <= 0 or step < cfg.max_steps)
 
 
 def lr_of(opt: torch.optim.Optimizer | None) -> float:

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from etj_trainer.core import devices, stopping
+
 _FD_DIR = "/proc/self/fd"
 _owned: frozenset[tuple[int, str]] = frozenset()
 
@@ -43,12 +45,20 @@ def _sockets() -> set[tuple[int, str]]:
     return found
 
 
-def init(backend: str, **kwargs: Any) -> None:
-    """``dist.init_process_group``, remembering the sockets it opened."""
+def init(backend: str | None = None, **kwargs: Any) -> None:
+    """``dist.init_process_group``, remembering the sockets it opened. Every group of a worker (the first,
+    a regroup, a join, a recovery) is made here, on ``devices.process_group_backend()`` unless a test
+    names another ``backend``."""
     global _owned
     before = _sockets()
-    dist.init_process_group(backend, **kwargs)
+    dist.init_process_group(backend or devices.process_group_backend(), **kwargs)
     _owned = frozenset(_sockets() - before)
+
+
+def init_first() -> None:
+    """A worker's first group, from torch elastic's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT), with
+    the bounded collective timeout (core/stopping.py)."""
+    init(timeout=stopping.collective_timeout())
 
 
 def shut() -> int:

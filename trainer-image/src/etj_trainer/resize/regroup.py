@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer.core import devices
 from etj_trainer.core.stopping import StopCode, collective_timeout
 from etj_trainer.resize import group_sockets
 
@@ -99,7 +98,6 @@ def reform(key: str, new_rank: int, new_world: int) -> None:
         dist.destroy_process_group()
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
     group_sockets.init(
-        devices.process_group_backend(),
         store=dist.PrefixStore(f"etj-regroup/{key}", store),
         rank=new_rank,
         world_size=new_world,

@@ -14,40 +14,14 @@ an in-place join uses it to give the joiner the world's state.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from etj_trainer.checkpoint.store import CheckpointStore, decode
-from etj_trainer.core import devices
-
-
-def capture_rng() -> dict[str, Any]:
-    # Plain containers and tensors only: checkpoints are loaded with weights_only=True.
-    np_state: Any = np.random.get_state()
-    rng: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
-        "python": [*random.getstate()[1], random.getstate()[0]],
-    }
-    cuda = devices.current_cuda_rng_state()
-    if cuda is not None:
-        rng["cuda"] = cuda
-    return rng
-
-
-def restore_rng(rng: dict[str, Any]) -> None:
-    torch.set_rng_state(rng["torch"])
-    devices.set_current_cuda_rng_state(rng.get("cuda"))
-    kind, keys, pos, has_gauss, cached = rng["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    *state, version = rng["python"]
-    random.setstate((version, tuple(state), None))
 
 
 def agree_on_checkpoint(
