@@ -150,7 +150,7 @@ def redo_check(device: torch.device, steps: int = 6, fail_at: int = 3) -> dict[s
 
     A model with dropout (draws from the device's generator) and BatchNorm (buffers a forward updates)
     trains ``steps`` steps twice: straight, and with step ``fail_at`` attempted once -- forward and backward,
-    as when a peer dies before the commit -- then undone by the step's own undo record (elastic.py's
+    as when a peer dies before the commit -- then undone by the step's own undo record (loop/step.py's
     lost-step path) and redone. The control arm undoes everything but the CUDA generators: on a GPU its
     dropout masks differ, which is what a redo without them trained on.
     """

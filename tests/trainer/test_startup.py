@@ -1,4 +1,5 @@
-"""The start-up wait (startup.py) on a real TCPStore: agents count in and wait, bounded, for the others."""
+"""The start-up wait (agent/first_round.py) on a real TCPStore: agents count in and wait, bounded, for the
+others."""
 
 from __future__ import annotations
 

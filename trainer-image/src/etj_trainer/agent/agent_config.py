@@ -36,7 +36,7 @@ class AgentConfig:
     grace_seconds: int | None = None  # the pod's terminationGracePeriodSeconds, when the operator says
     progress_url: str = ""  # where the agent reads the job's step and reports a crash's error line
     worker_id: str = ""
-    startup_workers: int = 0  # wait for this many agents before the first rendezvous (startup.py)
+    startup_workers: int = 0  # wait for this many agents before the first rendezvous (first_round.py)
     startup_wait_s: float = 60.0
     # How long to wait for the job's store to answer at start-up (the job's start-up deadline).
     store_wait_s: float = 1800.0

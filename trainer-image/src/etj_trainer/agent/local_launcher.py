@@ -181,7 +181,7 @@ def run_local(
         etj_env.NPROC_PER_WORKER.name: str(procs_per_node),
         etj_env.MIN_WORKERS.name: "1",
         etj_env.MAX_WORKERS.name: str(max(nodes, 1)),
-        etj_env.STARTUP_WORKERS.name: str(nodes),  # the first world forms with all of them (startup.py)
+        etj_env.STARTUP_WORKERS.name: str(nodes),  # the first world forms with all of them (first_round.py)
         **train_env,
     }
     env.setdefault(etj_env.CHECKPOINT_DIR.name, str(log_dir / "checkpoints"))

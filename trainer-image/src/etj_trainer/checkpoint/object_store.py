@@ -3,7 +3,7 @@
 A durable home for the shared copy without a PVC: losing every worker at once (a whole spot pool) then
 costs the steps since the last shared checkpoint, not the job. Objects are written with one PUT each,
 which S3 makes atomic (a reader sees the old object or the complete new one); the checkpoint's own
-checksum (checkpoint.py) catches anything else, so the newest object that verifies wins, as on a volume.
+checksum (store.py) catches anything else, so the newest object that verifies wins, as on a volume.
 
 The client is the MinIO SDK (``minio``; S3 protocol only, no botocore: botocore pins python-dateutil below
 3, which the kubernetes client's current release excludes). Configuration is the usual AWS environment:
@@ -63,7 +63,7 @@ def client_from_env(env: Mapping[str, str] | None = None) -> Any:
 
 
 class ObjectDir:
-    """A checkpoint "directory" under ``s3://bucket/prefix``: the few operations checkpoint.py needs."""
+    """A checkpoint "directory" under ``s3://bucket/prefix``: the few operations store.py needs."""
 
     def __init__(self, uri: str, client: Any = None) -> None:
         self.location = S3Location.parse(uri)

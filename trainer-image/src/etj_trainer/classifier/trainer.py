@@ -1,7 +1,7 @@
 """The built-in trainer: an image classifier written on the public loop API (``elastic.py``).
 
 It is one user of ``etj_trainer.elastic`` like any script (``examples/custom-loop/train.py``): it opens
-the data (DALI or in-memory, ``data.py``), builds the model of ``ETJ_MODEL`` with the recipe (parameter
+the data (DALI or in-memory, ``data/``), builds the model of ``ETJ_MODEL`` with the recipe (parameter
 groups, precision, channels_last; ``recipe.py``) and runs the API's loop -- what a step, a resize, a
 checkpoint or a failure does is the API's, documented there. Its own parts: a prefetching loader fed with
 each membership's exact micro-batch stream, autocast and label smoothing in the loss, and validation on

@@ -1,5 +1,5 @@
-"""Who this process is in the world, and how it is told to stop: shared by the loop API (elastic.py) and
-its in-process resizes (inplace.py), split out of elastic.py to keep each module to one concern."""
+"""Who this process is in the world, and how it is told to stop: shared by the loop API (loop/) and its
+in-process resizes (resize/inplace.py), split out of the Job to keep each module to one concern."""
 
 from __future__ import annotations
 

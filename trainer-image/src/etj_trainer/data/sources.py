@@ -3,7 +3,7 @@
 The trainer hands a source the exact, lookahead-able stream of micro-batch indices that the elastic sampler
 assigns to this rank. The world size is fixed for one stream: the trainer derives a new stream for every
 membership of the world (a join restarts the workers; a graceful leave re-forms the world in place,
-regroup.py), so a source may prefetch freely and a resize re-shards it simply through the new stream.
+resize/), so a source may prefetch freely and a resize re-shards it simply through the new stream.
 """
 
 from __future__ import annotations

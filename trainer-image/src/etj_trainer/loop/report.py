@@ -1,6 +1,6 @@
 """What a Job tells the operator: rank 0's progress reports and the resize records its checkpoints carry.
 
-Split out of elastic.py (the loop and its state) as one concern: the bookkeeping across memberships of
+Split out of job.py (the loop and its state) as one concern: the bookkeeping across memberships of
 where the world was (``prev_world``), where it restarted or re-formed (``restored_step``) and what the
 operator last heard (``last_reported_step``), from which the first step at a new size writes its resize
 record (pause, steps lost), and the progress document (etj_contract.progress) built from the job's state.

@@ -1,10 +1,10 @@
-"""One step of the loop API (elastic.py), and the module a step trains through.
+"""One step of the loop API (etj_trainer.elastic), and the module a step trains through.
 
 ``Step`` is this rank's share of one global step: its micro-batches, the weighted backward and the commit
 (one all-reduce: the loss and every rank's stop code) before the optimizer step; ``_Undo`` is what a step
 changes before that commit point (module buffers, the RNG), put back when the step does not commit;
 ``ElasticModule`` routes training forwards through the current membership's DDP wrapper and
-``Membership`` is one world's fixed ranks and batch plan. Split out of elastic.py (which keeps ``Job``, the
+``Membership`` is one world's fixed ranks and batch plan. Split out of job.py (which keeps ``Job``, the
 loop and its state) so each module stays small: these parts only read the job's state and call back into
 it at the commit.
 """

@@ -27,7 +27,7 @@ READ_TIMEOUT_S = 2.0  # a lost store must not hold up the rendezvous that waits 
 def read_from(progress_url: str, token: str | None = None) -> Replicas | None:
     """The bounds the operator last set on the job's store pod (``progress_url``: its progress endpoint;
     ``token`` defaults to the environment's); None when not set, not reachable or refused: the
-    environment's bounds apply meanwhile (the store's own loss is store_link.py's business)."""
+    environment's bounds apply meanwhile (the store's own loss is agent/store_link.py's business)."""
     from etj_trainer.core.progress import get_json
 
     if not progress_url:

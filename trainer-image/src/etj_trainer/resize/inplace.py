@@ -1,7 +1,7 @@
 """A running Job's in-process resizes: a graceful leave, an in-place join, and in-place crash recovery.
 
 The protocols live in regroup.py (leave), join.py (join) and recover.py (crash); this module is the Job's
-side of them, split out of elastic.py so the loop API reads as a loop and this reads as the resize paths:
+side of them, split out of loop/job.py so the loop API reads as a loop and this reads as the resize paths:
 
 * ``InPlace.enter`` at the start of every membership: this rank's heartbeat beats under the membership's
   id (recover.Heartbeat: survivors of a crash tell a slow peer from a dead one), and rank 0 opens the

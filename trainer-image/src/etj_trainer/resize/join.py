@@ -1,6 +1,6 @@
 """In-place join: a new node's ranks enter the running world at a step boundary; nobody restarts.
 
-The joiner's agent (agent.py) sees that the job's world has already formed, so instead of joining torch
+The joiner's agent (agent/worker.py) sees that the job's world has already formed, so instead of joining torch
 elastic's rendezvous (which would make every agent restart its workers) it starts its workers itself, from
 its warm forkserver. Each joining worker builds its model and opens its data pipeline first, and only then
 asks to be admitted: it appends its id to the job's waiting list on the external store and waits for a
