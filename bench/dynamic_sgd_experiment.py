@@ -28,7 +28,7 @@ is meant to prevent). The verdict per (k, T) is computed from the paired per-see
 
 (~2-3 CPU-minutes with the defaults: 2 rules x 2 k x 4 arms x 10 seeds; results are deterministic.)
 
-Prints JSON. Single process, CPU, in-memory scikit-learn digits, ``etj_trainer.classifier.models:tiny_mlp``.
+Prints JSON. Single process, CPU, in-memory scikit-learn digits, ``etj_trainer.models:tiny_mlp``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from etj_trainer.classifier.models import build_model
 from etj_trainer.data.sources import TensorSource, digits_tensor_source
 
 MOMENTUM = 0.9
-MODEL = "etj_trainer.classifier.models:tiny_mlp"
+MODEL = "etj_trainer.models:tiny_mlp"
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,7 @@ def run_experiment(cfg: Config) -> dict[str, Any]:
             **{k: v for k, v in asdict(cfg).items() if k != "keep_traces"},
             "model": MODEL,
             "momentum": MOMENTUM,
-            "data": "sklearn digits, in-memory (etj_trainer.data.sources.digits_tensor_source)",
+            "data": "sklearn digits, in-memory (etj_trainer.data.digits_tensor_source)",
             "train_samples": train.num_samples,
             "val_samples": val.num_samples,
             "base_lr_rules": rules,
