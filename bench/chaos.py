@@ -24,9 +24,10 @@ Failed (bounded crash loops, then the failure budget) with the trainer's error l
 document (``lastError``); the times both took are reported.
 
 At least one on-demand node always stays (the store's and the minimum worker's capacity). At the end: the
-job must be Succeeded, every training sample seen exactly once in every epoch (the trainer's sample log, read
-with `etj_trainer.sample_log.consumed_per_epoch` as the e2e does), no failure counted (``status.failures``:
-store events must not count), the bad job Failed with its error reported, and at least ``--events``
+job must be Succeeded, every training sample seen exactly once in every epoch (the trainer's sample log,
+read with `etj_trainer.core.sample_log.consumed_per_epoch` as the e2e does), no failure counted
+(``status.failures``: store events must not count), the bad job Failed with its error reported, and at
+least ``--events``
 events done.
 Prints one JSON object; exits 1 otherwise. Runs on a private cluster (``ETJ_CLUSTER_NAME=chaos``,
 ``ETJ_CLUSTER_PORT_BASE=18400`` unless set) that is stopped at the end.
@@ -57,7 +58,7 @@ from etj_testbed.demo.local import Demo
 from etj_testbed.demo.script import GROUP_PATH, SPOT_ITN, Script
 from etj_testbed.demo.view import logged_accuracy
 from etj_testbed.localcluster import toolchain
-from etj_trainer.progress import get_json
+from etj_trainer.core.progress import get_json
 
 REPO = Path(__file__).resolve().parents[1]
 JSON = dict[str, Any]
@@ -336,8 +337,8 @@ class ChaosDemo(Demo):
 
 def check_samples(run_dir: Path, epochs: int) -> JSON:
     """Every training sample exactly once in every epoch (the e2e's check, against the dataset itself)."""
-    from etj_trainer.digits import digits_split
-    from etj_trainer.sample_log import consumed_per_epoch
+    from etj_trainer.core.sample_log import consumed_per_epoch
+    from etj_trainer.data.digits import digits_split
 
     n = len(digits_split()["train"][1])
     got = consumed_per_epoch(run_dir / "samples")

@@ -70,9 +70,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from etj_trainer.data import MEAN, STD, TensorSource, digits_tensor_source
-from etj_trainer.dynamic_sgd import DynamicSGD
-from etj_trainer.sampler import ElasticSampler
+from etj_trainer.batching.dynamic_sgd import DynamicSGD
+from etj_trainer.batching.sampler import ElasticSampler
+from etj_trainer.data.sources import TensorSource, digits_tensor_source
+from etj_trainer.data.stream import MEAN, STD
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dynamic_sgd_stats import MOMENTUM, compare, mean_std, sha

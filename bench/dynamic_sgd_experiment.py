@@ -46,10 +46,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from etj_trainer.data import TensorSource, digits_tensor_source
-from etj_trainer.dynamic_sgd import DynamicSGD
-from etj_trainer.models import build_model
-from etj_trainer.sampler import ElasticSampler
+from etj_trainer.batching.dynamic_sgd import DynamicSGD
+from etj_trainer.batching.sampler import ElasticSampler
+from etj_trainer.classifier.models import build_model
+from etj_trainer.data.sources import TensorSource, digits_tensor_source
 
 # The statistics and fingerprints both Dynamic SGD experiments share (this one and dynamic_sgd_cnn.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -53,9 +53,9 @@ def make_jpeg_tar(path: Path, n: int, size: tuple[int, int], seed: int = 0) -> P
 
 
 def _source(tar: Path, image_size: int, batch: int, gpu: bool, threads: int) -> Any:
-    from etj_trainer.augment import Augmentation
-    from etj_trainer.dali_input import DaliImageSource, list_tar_samples
-    from etj_trainer.data import Augmenter
+    from etj_trainer.data.augment import Augmentation
+    from etj_trainer.data.dali_input import DaliImageSource, list_tar_samples
+    from etj_trainer.data.stream import Augmenter
 
     return DaliImageSource(
         list_tar_samples(tar),
@@ -68,8 +68,8 @@ def _source(tar: Path, image_size: int, batch: int, gpu: bool, threads: int) -> 
 
 
 def _stream(n: int, batch: int, batches: int, epoch0: int = 0) -> list[Any]:
-    from etj_trainer.data import Micro
-    from etj_trainer.sampler import ElasticSampler
+    from etj_trainer.batching.sampler import ElasticSampler
+    from etj_trainer.data.stream import Micro
 
     s, out = ElasticSampler(n, seed=0), []
     while len(out) < batches:
@@ -103,7 +103,7 @@ def decode_rate(tar: Path, image_size: int, batch: int, batches: int, gpu: bool,
 def _model(name: str, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     import torchvision
 
-    from etj_trainer import recipe
+    from etj_trainer.classifier import recipe
 
     torch.manual_seed(0)
     model = torchvision.models.get_model(name, weights=None, num_classes=1000)
@@ -116,7 +116,7 @@ def train_rate(
     model_name: str, device: torch.device, batch: int, steps: int, warmup: int, data: Any, bf16: bool
 ) -> float:
     """img/s of forward + backward + step; ``data`` yields (x, y) batches (DALI) or is None (synthetic)."""
-    from etj_trainer import recipe
+    from etj_trainer.classifier import recipe
 
     model, opt = _model(model_name, device)
     size = 224 if device.type == "cuda" else 32
@@ -150,11 +150,11 @@ def redo_check(device: torch.device, steps: int = 6, fail_at: int = 3) -> dict[s
 
     A model with dropout (draws from the device's generator) and BatchNorm (buffers a forward updates)
     trains ``steps`` steps twice: straight, and with step ``fail_at`` attempted once -- forward and backward,
-    as when a peer dies before the commit -- then undone by the step's own undo record (elastic.py's
+    as when a peer dies before the commit -- then undone by the step's own undo record (loop/step.py's
     lost-step path) and redone. The control arm undoes everything but the CUDA generators: on a GPU its
     dropout masks differ, which is what a redo without them trained on.
     """
-    from etj_trainer.step import _Undo
+    from etj_trainer.loop.step import _Undo
 
     def run(fail: bool, keep_cuda_rng: bool = True) -> list[torch.Tensor]:
         torch.manual_seed(0)  # every device's generator too

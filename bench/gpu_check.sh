@@ -67,7 +67,7 @@ LOCAL_CKPT="$OUT/local-copy"
 rm -rf "$LOCAL_CKPT" "$OUT/trainer-1" "$OUT/trainer-2"
 "$PY" -m etj_trainer.cli make-digits "$OUT/digits" --image-size 64 >/dev/null
 if [[ $SMOKE == 1 ]]; then
-  sizes=(--model etj_trainer.models:resnet_tiny_w8 --precision fp32 --image-size 32 --global-batch-size 32
+  sizes=(--model etj_trainer.classifier.models:resnet_tiny_w8 --precision fp32 --image-size 32 --global-batch-size 32
          --micro-batch-size 16)
 else
   sizes=(--model resnet18 --precision bf16 --image-size 64 --global-batch-size 128 --micro-batch-size 64)

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from etj_trainer.dali_input import DaliImageSource, list_folder_samples
-from etj_trainer.data import MEAN, STD, ensure_digits
-from etj_trainer.sampler import ElasticSampler
+from etj_trainer.batching.sampler import ElasticSampler
+from etj_trainer.data.dali_input import DaliImageSource, list_folder_samples
+from etj_trainer.data.sources import ensure_digits
+from etj_trainer.data.stream import MEAN, STD
 
 
 def index_stream(n: int, batch: int, epochs: int) -> list[np.ndarray]:

@@ -1,6 +1,6 @@
 """Recipe parity on Fashion-MNIST: the real recipe, fixed vs elastic vs DynamicSGD, 4 workers on loopback.
 
-A small ResNet with BatchNorm (``etj_trainer.models:resnet_tiny``) on Fashion-MNIST (Debian package
+A small ResNet with BatchNorm (``etj_trainer.classifier.models:resnet_tiny``) on Fashion-MNIST (Debian package
 ``dataset-fashion-mnist``, the in-memory ``fashion-mnist-tensor`` source; the official 10,000-image test
 split is the validation set), trained by ``etj-train local`` (store + one agent per worker, exactly the
 pods' processes) under the standard recipe: linear warm-up then cosine decay over samples seen, SGD with
@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from etj_trainer import fashion_mnist
-from etj_trainer.local_launcher import parse_schedule, run_local
+from etj_trainer.agent.local_launcher import parse_schedule, run_local
+from etj_trainer.data import fashion_mnist
 
 TRAIN_SAMPLES = 60_000
 WORKERS = 4
@@ -48,7 +48,7 @@ def recipe_env(args: argparse.Namespace, seed: int) -> dict[str, str]:
     return {
         "ETJ_DATA": "fashion-mnist-tensor",
         "ETJ_VAL_DATA": "fashion-mnist-tensor",
-        "ETJ_MODEL": f"etj_trainer.models:resnet_tiny_w{args.width}",
+        "ETJ_MODEL": f"etj_trainer.classifier.models:resnet_tiny_w{args.width}",
         "ETJ_EPOCHS": str(args.epochs),
         "ETJ_SEED": str(seed),
         "ETJ_GLOBAL_BATCH_SIZE": str(args.batch),

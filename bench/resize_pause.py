@@ -32,12 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from etj_trainer.local_launcher import LocalAgents
-from etj_trainer.progress import get_json
+from etj_trainer.agent.local_launcher import LocalAgents
+from etj_trainer.core.progress import get_json
 
 TRAIN_ENV = {
     "ETJ_DATA": "digits-tensor",
-    "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+    "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp",
     "ETJ_EPOCHS": "1000",
     "ETJ_GLOBAL_BATCH_SIZE": "32",
     "ETJ_MICRO_BATCH_SIZE": "32",

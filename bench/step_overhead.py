@@ -4,7 +4,8 @@ Both arms train torchvision's ResNet-18 (10 classes) on the same in-memory 64x64
 (``synthetic-tensor``), global batch 64 over 2 gloo processes (32 each, one micro-batch), SGD with
 momentum, fp32, one torch thread per process. The ``ddp`` arm is the textbook loop (a
 ``DistributedSampler`` order, ``images[idx]``, mean loss, ``backward``, ``step``). The ``etj`` arm is the real
-trainer (``etj_trainer.trainer.train``) with its node-local copy on (``/dev/shm``, default snapshot interval)
+trainer (``etj_trainer.classifier.trainer.train``) with its node-local copy on (``/dev/shm``, default
+snapshot interval)
 and everything a step does in production: the elastic sampler, the schedule and Dynamic SGD bookkeeping,
 the commit all-reduce carrying stop codes, the step-start undo record, the background snapshot when due.
 
@@ -46,7 +47,7 @@ def _ddp_arm(rank: int, steps: int) -> list[float]:
     import torchvision
     from torch.utils.data.distributed import DistributedSampler
 
-    from etj_trainer.data import synthetic_images
+    from etj_trainer.data.sources import synthetic_images
 
     images, labels = synthetic_images(DATASET, IMAGE)
     torch.manual_seed(0)
@@ -76,8 +77,8 @@ def _ddp_arm(rank: int, steps: int) -> list[float]:
 
 def _marking_flag() -> Any:
     """A StopFlag that records when each step reaches its commit (the stop code is read once a step)."""
-    from etj_trainer.regroup import StopCode
-    from etj_trainer.trainer import StopFlag
+    from etj_trainer.classifier.trainer import StopFlag
+    from etj_trainer.core.stopping import StopCode
 
     class Marking(StopFlag):
         def __init__(self) -> None:
@@ -97,8 +98,8 @@ def _marking_flag() -> Any:
 
 
 def _etj_arm(rank: int, steps: int, local_dir: str) -> list[float]:
+    from etj_trainer.classifier.trainer import train
     from etj_trainer.config import TrainConfig
-    from etj_trainer.trainer import train
 
     cfg = TrainConfig(
         data=f"synthetic-tensor:{DATASET}",
@@ -184,8 +185,8 @@ def tax_breakdown(ddp_s_per_step: float) -> dict[str, Any]:
     """
     import torchvision
 
-    from etj_trainer.sampler import ElasticSampler
-    from etj_trainer.step import _Undo
+    from etj_trainer.batching.sampler import ElasticSampler
+    from etj_trainer.loop.step import _Undo
 
     torch.set_num_threads(1)
     model = torchvision.models.resnet18(weights=None, num_classes=10)
@@ -216,7 +217,7 @@ def snapshot_cost(interval_s: float) -> dict[str, float]:
     its encode + write on the writer thread, and both amortised over the interval."""
     import torchvision
 
-    from etj_trainer.checkpoint import CheckpointStore, StateWriter
+    from etj_trainer.checkpoint.store import CheckpointStore, StateWriter
 
     torch.set_num_threads(1)
     model = torchvision.models.resnet18(weights=None, num_classes=10)

@@ -68,7 +68,7 @@ def test_two_processes_per_pod_through_a_spot_interruption(kubeconfig: Path) -> 
 
 
 def _assert_every_sample_once(samples: Path) -> None:
-    from etj_trainer.sample_log import consumed_per_epoch
+    from etj_trainer.core.sample_log import consumed_per_epoch
 
     got = consumed_per_epoch(samples)
     assert sorted(got) == list(range(EPOCHS))

@@ -90,7 +90,7 @@ def test_interruption_and_scale_up_are_recorded_with_reasons_and_pauses(
 
 
 def test_every_sample_is_seen_exactly_once_per_epoch(runs: tuple[DemoResult, DemoResult]) -> None:
-    from etj_trainer.sample_log import consumed_per_epoch
+    from etj_trainer.core.sample_log import consumed_per_epoch
 
     if not CONFIG.reads_sample_logs:
         pytest.skip("ETJ_E2E_SHARED_DIR is not set: the workers' sample logs are on the nodes, not here")

@@ -16,7 +16,7 @@ import yaml
 from etj_testbed.demo.local import Demo
 from etj_testbed.demo.script import Script
 from etj_testbed.localcluster.toolchain import cache_root
-from etj_trainer.sample_log import consumed_per_epoch
+from etj_trainer.core.sample_log import consumed_per_epoch
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 

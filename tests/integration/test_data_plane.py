@@ -32,9 +32,9 @@ from etj_contract.progress import MAX_BODY_BYTES, PROGRESS_PATH
 from etj_contract.replicas import REPLICAS_PATH, Replicas
 from etj_operator.decide.dataplane import job_token
 from etj_operator.k8s.store_client import StoreClient
-from etj_trainer import bounds
-from etj_trainer.local_launcher import free_port
-from etj_trainer.progress import get_json, post_json
+from etj_trainer.agent.local_launcher import free_port
+from etj_trainer.core.progress import get_json, post_json
+from etj_trainer.resize import bounds
 from tests.integration.opbed import Bed, OperatorProcess
 from tests.plugins.cluster import Cluster
 

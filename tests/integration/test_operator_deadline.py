@@ -21,7 +21,7 @@ import pytest
 from etj_contract.ports import PROGRESS_PORT
 from etj_contract.progress import ProgressDoc
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_trainer.progress import get_json, post_json
+from etj_trainer.core.progress import get_json, post_json
 from tests.integration.opbed import Bed, job_manifest, operator_and_a_store_node, running_store_ip
 from tests.plugins.cluster import Cluster
 

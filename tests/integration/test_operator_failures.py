@@ -12,7 +12,7 @@ from kubernetes import client
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_trainer.progress import get_json, report_error
+from etj_trainer.core.progress import get_json, report_error
 from tests.integration.opbed import (
     Bed,
     OperatorProcess,
@@ -163,7 +163,7 @@ def test_a_step_that_stands_still_turns_progressing_false_naming_the_trainers_la
         bed.wait(
             "Progressing=True", lambda: _condition(bed, "stuck", "Progressing").get("status") == "True", 60
         )
-        # The agent's report of the crash (etj_trainer.progress.report_error), with the job's token.
+        # The agent's report of the crash (etj_trainer.core.progress.report_error), with the job's token.
         secret: Any = bed.core.read_namespaced_secret("stuck-etj-token", bed.ns)
         token = base64.b64decode(secret.data["token"]).decode()
         url = f"http://{running_store_ip(bed, 'stuck')}:{PROGRESS_PORT}/progress"

@@ -14,7 +14,7 @@ import pytest
 from etj_contract.ports import PROGRESS_PORT
 from etj_contract.replicas import REPLICAS_PATH
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_trainer.progress import get_json
+from etj_trainer.core.progress import get_json
 from tests.integration.opbed import Bed, job_manifest, operator_and_a_store_node, running_store_ip
 from tests.plugins.cluster import Cluster
 

@@ -216,7 +216,7 @@ def exactly_once(run_dir: Path, epochs: int) -> None:
     """Every sample once per epoch, by the per-rank sample logs (a redone step counts once)."""
     from collections import Counter
 
-    from etj_trainer.sample_log import consumed_per_epoch
+    from etj_trainer.core.sample_log import consumed_per_epoch
 
     seen = consumed_per_epoch(run_dir / "samples")
     assert sorted(seen) == list(range(epochs)), sorted(seen)

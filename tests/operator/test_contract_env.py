@@ -12,7 +12,7 @@ from etj_contract import env as etj_env
 from etj_operator.api.pod import RESERVED_ENV
 from etj_operator.decide.pod_env import worker_env
 from etj_trainer import cli
-from etj_trainer.agent import AgentConfig
+from etj_trainer.agent.agent_config import AgentConfig
 from etj_trainer.config import TrainConfig
 from tests.operator.factories import job
 

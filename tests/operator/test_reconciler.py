@@ -163,8 +163,8 @@ class RecordingKube(KubeClient):
 def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> None:
     # regression (issue 12): the job was marked Succeeded and its store stopped from the last *polled*
     # report, so the final one (accuracy) never reached status when the poll had not come round yet
-    from etj_trainer.progress import post_json
-    from etj_trainer.store_server import ProgressState, make_http_server
+    from etj_trainer.core.progress import post_json
+    from etj_trainer.service.store_server import ProgressState, make_http_server
     from tests.operator.factories import spec, started, store
 
     ip = "127.0.0.1"
@@ -240,7 +240,7 @@ def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() ->
     # the operator saw it fail is gone from the API, so its replacement may get the same name (seen in a
     # clean-clone run of the store-loss demo); that fresh store never heard of a `kubectl scale` before it
     from etj_contract.replicas import Replicas
-    from etj_trainer.store_server import ProgressState, make_http_server
+    from etj_trainer.service.store_server import ProgressState, make_http_server
     from tests.operator.factories import job, spec, store
 
     told: list[Replicas] = []

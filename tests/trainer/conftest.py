@@ -24,7 +24,7 @@ def tiny_cfg(tmp_path: Path) -> TrainConfig:
     return TrainConfig(
         data="digits-tensor",
         val_data="digits-tensor",
-        model="etj_trainer.models:tiny_mlp",
+        model="etj_trainer.classifier.models:tiny_mlp",
         global_batch_size=32,
         micro_batch_size=8,
         epochs=3,
@@ -42,7 +42,7 @@ def _tiny_job_env(tmp: Path, **overrides: str) -> dict[str, str]:
     """The loopback e2e tests' tiny float64 job (`etj-train local`), as the pods' env; ``overrides`` win."""
     return {
         "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp",
         "ETJ_DTYPE": "float64",
         "ETJ_SEED": "3",
         "ETJ_LR": "0.05",

@@ -9,7 +9,9 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous import utils as rdzv_utils
 
-from etj_trainer.agent import AgentConfig, make_rendezvous_handler, patch_rendezvous_poll, preload_modules
+from etj_trainer.agent.agent_config import AgentConfig
+from etj_trainer.agent.rendezvous import make_rendezvous_handler, patch_rendezvous_poll
+from etj_trainer.agent.worker import preload_modules
 
 
 @pytest.fixture
@@ -44,16 +46,16 @@ def test_handler_takes_a_sub_second_last_call() -> None:
 
 PRELOADS = {
     "in-memory data, etj model: no DALI, no torchvision": (
-        {"ETJ_DATA": "digits-tensor", "ETJ_MODEL": "etj_trainer.models:tiny_mlp"},
-        {"etj_trainer.models"},
+        {"ETJ_DATA": "digits-tensor", "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp"},
+        {"etj_trainer.classifier.models"},
         {"nvidia.dali", "torchvision"},
     ),
     "JPEG folders and a torchvision model": (
         {"ETJ_DATA": "/data/train", "ETJ_MODEL": "resnet50"},
-        {"nvidia.dali", "etj_trainer.dali_input", "torchvision"},
+        {"nvidia.dali", "etj_trainer.data.dali_input", "torchvision"},
         set(),
     ),
-    "defaults (no env): the default model's module": ({}, {"etj_trainer.models"}, {"torchvision"}),
+    "defaults (no env): the default model's module": ({}, {"etj_trainer.classifier.models"}, {"torchvision"}),
     "only validation data on disk still needs DALI": (
         {"ETJ_DATA": "digits-tensor", "ETJ_VAL_DATA": "digits"},
         {"nvidia.dali"},
@@ -66,8 +68,11 @@ PRELOADS = {
 def test_preload_follows_the_job(case: str) -> None:
     env, present, absent = PRELOADS[case]
     mods = preload_modules(env)
-    assert mods[:2] == ["etj_trainer._forkserver_dies_with_agent", "etj_trainer._forkserver_ignore_sigterm"]
-    assert "etj_trainer.trainer" in mods
+    assert mods[:2] == [
+        "etj_trainer.agent._forkserver_dies_with_agent",
+        "etj_trainer.agent._forkserver_ignore_sigterm",
+    ]
+    assert "etj_trainer.classifier.trainer" in mods
     assert present <= set(mods) and not (absent & set(mods))
 
 
@@ -76,7 +81,7 @@ def test_the_first_round_waits_for_every_warm_agent_then_the_job_minimum_is_back
     poll, and the bound puts the job's minimum back (a guard: this fails if torch renames the setting)."""
     import threading
 
-    from etj_trainer.agent import first_round_min_nodes
+    from etj_trainer.agent.rendezvous import first_round_min_nodes
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     cfg = AgentConfig(endpoint=f"127.0.0.1:{store.port}", run_id="t2", min_nodes=1, max_nodes=4)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from etj_trainer.augment import Augmentation, draw_crops, pixel_box, uniforms
-from etj_trainer.data import Augmenter, Micro, digits_tensor_source
+from etj_trainer.data.augment import Augmentation, draw_crops, pixel_box, uniforms
+from etj_trainer.data.sources import digits_tensor_source
+from etj_trainer.data.stream import Augmenter, Micro
 
 
 def test_draws_are_per_sample_and_independent_of_the_batch() -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from etj_trainer.batching import ResizePolicy, loss_scale, micro_batch_sizes, plan_step, split_counts
+from etj_trainer.batching.plan import ResizePolicy, loss_scale, micro_batch_sizes, plan_step, split_counts
 
 
 def test_micro_batches_respect_the_limit() -> None:

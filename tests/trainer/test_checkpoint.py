@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from etj_trainer.checkpoint import (
+from etj_trainer.checkpoint.store import (
     CheckpointStore,
     CorruptCheckpoint,
     checkpoint_path,
@@ -18,8 +18,8 @@ from etj_trainer.checkpoint import (
     list_checkpoints,
     load_latest,
 )
+from etj_trainer.classifier.trainer import train
 from etj_trainer.config import TrainConfig
-from etj_trainer.trainer import train
 
 
 def _state(step: int) -> dict[str, object]:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from etj_trainer.agent import AgentConfig
-from etj_trainer.batching import ResizePolicy
+from etj_trainer.agent.agent_config import AgentConfig
+from etj_trainer.batching.plan import ResizePolicy
 from etj_trainer.config import TrainConfig
 
 CONTRACT_ENV = {

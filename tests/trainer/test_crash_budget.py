@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from etj_contract.progress import MAX_ERROR_CHARS
-from etj_trainer.crash_budget import EXIT_RESIZE, CrashCount, Progress, after_failure, error_line
+from etj_trainer.agent.crash_budget import EXIT_RESIZE, CrashCount, Progress, after_failure, error_line
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def test_after_failure(name: str, failures: list[Failure], crashes: list[bool], 
 
 
 def test_exit_resize_is_the_trainers() -> None:
-    from etj_trainer.trainer import EXIT_RESIZE as TRAINER_EXIT_RESIZE
+    from etj_trainer.classifier.trainer import EXIT_RESIZE as TRAINER_EXIT_RESIZE
 
     assert EXIT_RESIZE == TRAINER_EXIT_RESIZE
 

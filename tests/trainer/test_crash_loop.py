@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from etj_contract import env as etj_env
-from etj_trainer.local_launcher import LocalAgents
-from etj_trainer.progress import get_json
+from etj_trainer.agent.local_launcher import LocalAgents
+from etj_trainer.core.progress import get_json
 
 
 def _one_corrupt_jpeg(tmp: Path) -> None:
     """16 digit JPEGs in two classes, one of them torn; a global batch of 16 reads them all at step 1."""
-    from etj_trainer.data import ensure_digits
+    from etj_trainer.data.sources import ensure_digits
 
     for label in ("0", "1"):
         (tmp / "jpegs" / "train" / label).mkdir(parents=True)
@@ -33,7 +33,7 @@ def _one_corrupt_jpeg(tmp: Path) -> None:
 
 JPEGS = {
     "ETJ_DATA": "{tmp}/jpegs",
-    "ETJ_MODEL": "etj_trainer.models:small_cnn",
+    "ETJ_MODEL": "etj_trainer.classifier.models:small_cnn",
     "ETJ_GLOBAL_BATCH_SIZE": "16",
 }
 BAD_INPUTS: dict[str, tuple[dict[str, str], str, Callable[[Path], None] | None]] = {
@@ -65,7 +65,7 @@ def test_a_bad_input_fails_the_agent_with_its_error_in_the_progress_doc(tmp_path
         etj_env.LOCAL_CHECKPOINT_DIR.name: str(tmp_path / "local"),
         etj_env.MAX_CRASH_RESTARTS.name: "2",
         "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp",
         **{k: v.replace("{tmp}", str(tmp_path)) for k, v in bad.items()},
     }
     cluster = LocalAgents(env=env, log_dir=tmp_path)

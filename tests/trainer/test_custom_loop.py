@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from etj_trainer import elastic
-from etj_trainer.checkpoint import load_latest
+from etj_trainer.agent.local_launcher import parse_schedule, run_local
+from etj_trainer.checkpoint.store import load_latest
 from etj_trainer.config import TrainConfig
-from etj_trainer.local_launcher import parse_schedule, run_local
-from etj_trainer.sample_log import consumed_per_epoch
+from etj_trainer.core.sample_log import consumed_per_epoch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom-loop" / "train.py"
 N = 2048  # the example's dataset size
@@ -126,7 +126,7 @@ def test_the_example_is_resized_in_place_and_keeps_exactly_once(tmp_path: Path) 
 
 def test_progress_reports_samples_total_for_the_deadline_policy(tmp_path: Path) -> None:
     """samplesTotal (epochs x dataset size) goes out with samplesSeen: the operator projects the finish."""
-    from etj_trainer.job_report import progress
+    from etj_trainer.loop.report import progress
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(100, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (100,), generator=g)

@@ -10,10 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from etj_trainer.classifier.trainer import train
 from etj_trainer.config import TrainConfig
-from etj_trainer.dali_input import CorruptImageError, DaliImageSource, list_folder_samples, list_tar_samples
-from etj_trainer.data import ensure_digits
-from etj_trainer.trainer import train
+from etj_trainer.data.dali_input import (
+    CorruptImageError,
+    DaliImageSource,
+    list_folder_samples,
+    list_tar_samples,
+)
+from etj_trainer.data.sources import ensure_digits
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +59,7 @@ def test_trainer_learns_digits_through_dali(tiny_cfg: TrainConfig) -> None:
         tiny_cfg,
         data="digits",
         val_data="digits",
-        model="etj_trainer.models:small_cnn",
+        model="etj_trainer.classifier.models:small_cnn",
         dtype="float32",
         epochs=1,
         global_batch_size=32,
@@ -107,8 +112,8 @@ def test_gpu_mixed_decoding(digits_dir: Path) -> None:
 def test_augmented_sample_is_the_same_in_any_micro_batch(digits_dir: Path) -> None:
     """Crop + flip come from (seed, epoch, id) through external_source: regrouping ids (another world size)
     gives every sample the same pixels; another epoch gives other crops."""
-    from etj_trainer.augment import Augmentation
-    from etj_trainer.data import Augmenter, Micro
+    from etj_trainer.data.augment import Augmentation
+    from etj_trainer.data.stream import Augmenter, Micro
 
     table = list_tar_samples(digits_dir / "train.tar")
     aug = Augmenter(Augmentation.STANDARD, seed=5, min_scale=0.2)

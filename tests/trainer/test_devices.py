@@ -15,14 +15,15 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from etj_trainer import devices, elastic
-from etj_trainer.checkpoint import decode, encode
+from etj_trainer import elastic
+from etj_trainer.agent.local_launcher import run_local
+from etj_trainer.checkpoint.store import decode, encode
 from etj_trainer.config import TrainConfig
-from etj_trainer.local_launcher import run_local
-from etj_trainer.state_sync import capture_rng, restore_rng
-from etj_trainer.step import _Undo
+from etj_trainer.core import devices
+from etj_trainer.core.rng import capture_rng, restore_rng
+from etj_trainer.loop.step import _Undo
 
-SRC = Path(devices.__file__).parent
+SRC = Path(devices.__file__).parents[1]  # etj_trainer
 
 
 # ---- the backend -------------------------------------------------------------------------------------------
@@ -46,9 +47,12 @@ def test_every_accelerator_group_has_a_cpu_backend_for_the_control_traffic(accel
 
 
 def test_one_function_spells_the_backend() -> None:
-    """Every process group of the trainer comes from devices.process_group_backend (its docstring)."""
+    """Every process group of the trainer comes from devices.process_group_backend (its docstring), by way
+    of group_sockets.init."""
     spelled = re.compile(r"""["'](nccl|gloo)["']|init_process_group\(\s*["']""")
-    offenders = [p.name for p in SRC.glob("*.py") if p.name != "devices.py" and spelled.search(p.read_text())]
+    offenders = [
+        p.name for p in SRC.rglob("*.py") if p.name != "devices.py" and spelled.search(p.read_text())
+    ]
     assert offenders == []
 
 
@@ -198,7 +202,7 @@ def test_local_keeps_a_local_checkpoint_dir_the_caller_named(tmp_path: Path) -> 
     (mine / "keep.txt").write_text("mine")
     env = {
         "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp",
         "ETJ_GLOBAL_BATCH_SIZE": "32",
         "ETJ_MICRO_BATCH_SIZE": "32",
         "ETJ_MAX_STEPS": "3",

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from etj_trainer.digits import digits_split
+from etj_trainer.data.digits import digits_split
 
 
 def test_cached_split_equals_the_built_one_and_survives_a_torn_cache(

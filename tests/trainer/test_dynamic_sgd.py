@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from etj_trainer.dynamic_sgd import DynamicSGD, LinearRamp
+from etj_trainer.batching.dynamic_sgd import DynamicSGD, LinearRamp
 
 
 @pytest.mark.parametrize(("k", "T", "t0"), [(2.0, 10, 5), (4.0, 7, 0), (1.5, 4, 3), (0.5, 4, 3)])

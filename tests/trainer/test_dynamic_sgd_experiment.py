@@ -122,7 +122,7 @@ def test_compare_is_symmetric_and_needs_evidence(exp: ModuleType) -> None:
 
 
 def test_base_lr_rule_rejects_unstable_and_keeps_stable_lrs(exp: ModuleType) -> None:
-    from etj_trainer.data import digits_tensor_source
+    from etj_trainer.data.sources import digits_tensor_source
 
     cfg = exp.Config(batch=16, t0=60, lr_grid=(0.05, 100.0), selection_seeds=(7,))
     lr, table = exp.select_base_lr(cfg, digits_tensor_source("train"))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from etj_trainer.checkpoint import load_latest
+from etj_testbed.worldsim import run_world
+from etj_trainer.checkpoint.store import load_latest
 from etj_trainer.config import TrainConfig
-from etj_trainer.worldsim import run_world
 
 
 def _final_params(ckpt_dir: Path) -> dict[str, torch.Tensor]:
@@ -37,7 +37,7 @@ def test_elastic_run_matches_fixed_run(tiny_cfg: TrainConfig, tmp_path: Path) ->
     assert num / den <= 1e-4, f"max relative difference {num / den:.3e}"
     # and training really moved the parameters (the comparison is not between two untouched inits)
     torch.manual_seed(tiny_cfg.seed)
-    from etj_trainer.models import build_model
+    from etj_trainer.classifier.models import build_model
 
     init = build_model(tiny_cfg.model, 10).double().state_dict()
     assert max(float((a[k] - init[k]).abs().max()) for k in a) > 1e-2
@@ -52,9 +52,9 @@ def test_elastic_run_matches_fixed_run_with_the_full_recipe(tiny_cfg: TrainConfi
     """Augmentation, warm-up + cosine, Nesterov, weight decay (not on biases), label smoothing: an elastic run
     whose resizes fall in warm-up (step 25 of 45) and in the decay (50, 80) ends with the fixed run's
     parameters (float64, <= 1e-9 relative) after training on the same LR at every step."""
-    from etj_trainer.augment import Augmentation
-    from etj_trainer.sample_log import lr_per_step
-    from etj_trainer.schedule import ScheduleType
+    from etj_trainer.batching.schedule import ScheduleType
+    from etj_trainer.core.sample_log import lr_per_step
+    from etj_trainer.data.augment import Augmentation
 
     total = 110
     recipe = replace(
@@ -95,8 +95,8 @@ def test_elastic_run_matches_fixed_run_with_the_full_recipe(tiny_cfg: TrainConfi
 
 def test_fp16_grad_scaler_state_survives_a_checkpoint(tiny_cfg: TrainConfig, tmp_path: Path) -> None:
     """The GradScaler's scale is checkpointed and restored (a resize must not reset it to 65536)."""
-    from etj_trainer.checkpoint import CheckpointStore
-    from etj_trainer.trainer import train
+    from etj_trainer.checkpoint.store import CheckpointStore
+    from etj_trainer.classifier.trainer import train
 
     cfg = replace(tiny_cfg, precision="fp16", dtype="float32", local_checkpoint_dir=None, max_steps=3)
     first = train(cfg)

@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from etj_trainer import cli, fashion_mnist
-from etj_trainer.augment import Augmentation
+from etj_trainer import cli
+from etj_trainer.batching.schedule import ScheduleType
 from etj_trainer.config import TrainConfig
-from etj_trainer.dali_input import list_tar_samples
-from etj_trainer.schedule import ScheduleType
+from etj_trainer.data import fashion_mnist
+from etj_trainer.data.augment import Augmentation
+from etj_trainer.data.dali_input import list_tar_samples
 
 needs_data = pytest.mark.skipif(
     not fashion_mnist.available(),
@@ -41,7 +42,7 @@ def test_idx_files_hold_the_official_splits() -> None:
 
 @needs_data
 def test_one_epoch_smoke_of_the_fashion_mnist_pipeline(tmp_path: Path, tiny_cfg: TrainConfig) -> None:
-    from etj_trainer.trainer import train
+    from etj_trainer.classifier.trainer import train
 
     data = tmp_path / "fmnist"
     assert cli.main(["prepare", "fashion-mnist", str(data), "--limit", "2000"]) == 0
@@ -51,7 +52,7 @@ def test_one_epoch_smoke_of_the_fashion_mnist_pipeline(tmp_path: Path, tiny_cfg:
         tiny_cfg,
         data=str(data / "train.tar"),
         val_data=str(data / "val.tar"),
-        model="etj_trainer.models:small_cnn",
+        model="etj_trainer.classifier.models:small_cnn",
         image_size=28,
         dtype="float32",
         epochs=1,

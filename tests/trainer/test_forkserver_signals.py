@@ -14,10 +14,10 @@ SCRIPT = textwrap.dedent(
     """
     import multiprocessing, os, signal
     from multiprocessing import forkserver
-    from etj_trainer.agent import BASE_PRELOAD, _noop
+    from etj_trainer.agent.worker import BASE_PRELOAD, _noop
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([m for m in BASE_PRELOAD if m.startswith("etj_trainer._")])
+    ctx.set_forkserver_preload([m for m in BASE_PRELOAD if m.startswith("etj_trainer.agent._")])
     p = ctx.Process(target=_noop); p.start(); p.join()
     server = forkserver._forkserver._forkserver_pid
     # The kernel's own record, not a wait: an ignored signal is discarded when it is sent, while a sleep
@@ -42,12 +42,12 @@ def test_forkserver_ignores_sigterm_and_keeps_forking() -> None:
 PRELOAD_SCRIPT = textwrap.dedent(
     """
     import multiprocessing, sys
-    from etj_trainer.agent import preload_modules
+    from etj_trainer.agent.worker import preload_modules
 
     def child():
         before = set(sys.modules)
         import torch
-        from etj_trainer.data import open_source
+        from etj_trainer.data.sources import open_source
         torch.use_deterministic_algorithms(True, warn_only=True)  # what train() does first
         open_source("digits-tensor", "train", 32, torch.float32)
         new = sorted(m for m in set(sys.modules) - before if m.startswith(("torch", "nvidia")))
@@ -75,7 +75,8 @@ ORPHAN_SCRIPT = textwrap.dedent(
     import subprocess, sys, time
     # The "agent": starts a "worker" that asks to die with it, prints the worker's pid, then waits. The
     # worker shares its stdout and says "armed" once the request is in place.
-    code = "from etj_trainer.lifetime import die_with_parent; die_with_parent(); print('armed', flush=True); "
+    code = "from etj_trainer.agent.lifetime import die_with_parent; die_with_parent(); "
+    code += "print('armed', flush=True); "
     code += "import time; time.sleep(600)"
     worker = subprocess.Popen([sys.executable, "-c", code])
     print(worker.pid, flush=True)
@@ -117,7 +118,7 @@ FORKSERVER_AGENT = textwrap.dedent(
     """
     import multiprocessing, os, sys, time
     sys.path.insert(0, sys.argv[1])
-    from etj_trainer.agent import start_forkserver
+    from etj_trainer.agent.worker import start_forkserver
     from fsworker import work
 
     start_forkserver(os.environ).join()  # the agent's own start-up: forkserver spawned, preload imported
@@ -131,7 +132,7 @@ FORKSERVER_AGENT = textwrap.dedent(
 FSWORKER = textwrap.dedent(
     """
     import os, time
-    from etj_trainer.lifetime import die_with_parent
+    from etj_trainer.agent.lifetime import die_with_parent
 
     def work(conn):  # what agent.worker_entry does first
         die_with_parent()

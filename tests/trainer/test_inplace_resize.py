@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from etj_trainer.checkpoint import load_latest
+from etj_testbed.worldsim import run_world
+from etj_trainer.agent.local_launcher import parse_schedule, run_local
+from etj_trainer.checkpoint.store import load_latest
 from etj_trainer.config import TrainConfig
-from etj_trainer.local_launcher import parse_schedule, run_local
-from etj_trainer.sample_log import consumed_per_epoch
-from etj_trainer.worldsim import run_world
+from etj_trainer.core.sample_log import consumed_per_epoch
 
 TinyJobEnv = Callable[..., dict[str, str]]
 

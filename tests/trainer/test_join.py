@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from etj_trainer.join import plan_admission
-from etj_trainer.state_sync import broadcast_state, buckets
+from etj_trainer.resize.join import plan_admission
+from etj_trainer.resize.state_sync import broadcast_state, buckets
 
 ADMISSIONS = {
     "room for all: everyone, oldest first": (["a:1", "b:1"], 2, 8, (("a", 1), ("b", 1))),
@@ -106,7 +106,7 @@ def test_a_nodes_ranks_are_admitted_together(monkeypatch: pytest.MonkeyPatch) ->
     from datetime import timedelta
 
     from etj_contract import env as etj_env
-    from etj_trainer.join import Door, Ticket, ask
+    from etj_trainer.resize.join import Door, Ticket, ask
 
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(60))
     monkeypatch.setenv(etj_env.RDZV_ENDPOINT.name, f"127.0.0.1:{master.port}")

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from etj_trainer.checkpoint import list_checkpoints, load_latest
+from etj_trainer.checkpoint.store import list_checkpoints, load_latest
+from etj_trainer.classifier.trainer import StopFlag, train
 from etj_trainer.config import TrainConfig
-from etj_trainer.regroup import StopCode
-from etj_trainer.trainer import StopFlag, train
+from etj_trainer.core.stopping import StopCode
 
 FAIL_AT_STEP = 6
 
@@ -62,7 +62,9 @@ def test_the_periodic_snapshot_writes_in_the_background(tiny_cfg: TrainConfig) -
     assert snap is not None and snap.state["step"] == 8
 
 
-@pytest.mark.parametrize("model", ["etj_trainer.models:resnet_tiny_w8", "etj_trainer.models:tiny_mlp"])
+@pytest.mark.parametrize(
+    "model", ["etj_trainer.classifier.models:resnet_tiny_w8", "etj_trainer.classifier.models:tiny_mlp"]
+)
 def test_a_failed_step_leaves_the_last_committed_step_in_the_local_copy(
     tiny_cfg: TrainConfig, tmp_path: Path, model: str
 ) -> None:
@@ -107,7 +109,7 @@ def test_a_failed_step_leaves_the_last_committed_step_in_the_local_copy(
 def test_snapshots_take_at_most_their_budget_of_the_time(tmp_path: Path) -> None:
     """A snapshot that took 2 s (a slow disk, a busy CPU) makes the next one due after 200 s at a 1 %
     budget, not after the configured 60 s."""
-    from etj_trainer.checkpoint import CheckpointStore, StateWriter
+    from etj_trainer.checkpoint.store import CheckpointStore, StateWriter
 
     writer = StateWriter(CheckpointStore(None, tmp_path), local_interval_s=60.0, budget=0.01)
     writer._last_local -= 61

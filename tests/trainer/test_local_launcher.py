@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from etj_trainer.local_launcher import LocalAgents, ScheduleEvent, parse_schedule, run_local
-from etj_trainer.sample_log import consumed_per_epoch
+from etj_trainer.agent.local_launcher import LocalAgents, ScheduleEvent, parse_schedule, run_local
+from etj_trainer.core.sample_log import consumed_per_epoch
 
 
 def test_parse_schedule() -> None:
@@ -149,9 +149,9 @@ def _two_by_two(
 
 def _assert_matches_one_process(env: dict[str, str], tmp_path: Path) -> None:
     """The elastic run's final parameters equal those of one process training the same job (float64)."""
-    from etj_trainer.checkpoint import load_latest
+    from etj_testbed.worldsim import run_world
+    from etj_trainer.checkpoint.store import load_latest
     from etj_trainer.config import TrainConfig
-    from etj_trainer.worldsim import run_world
 
     fixed = TrainConfig.from_env(
         env,
@@ -206,7 +206,7 @@ def _tiny_job(samples: Path, epochs: int, min_step_seconds: float) -> dict[str, 
     """A 2-node digits job small enough for the suite, logging which samples each step used."""
     return {
         "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp",
         "ETJ_EPOCHS": str(epochs),
         "ETJ_GLOBAL_BATCH_SIZE": "32",
         "ETJ_MICRO_BATCH_SIZE": "16",

@@ -16,8 +16,8 @@ import pytest
 import torch
 from tests.trainer.s3server import S3Server, s3_server
 
-from etj_trainer.checkpoint import CheckpointStore, encode
-from etj_trainer.object_store import ObjectDir, S3Location, client_from_env
+from etj_trainer.checkpoint.object_store import ObjectDir, S3Location, client_from_env
+from etj_trainer.checkpoint.store import CheckpointStore, encode
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ def test_an_unreachable_store_does_not_stop_a_restore_from_the_local_copy(tmp_pa
     assert latest is not None and latest.step == 5
 
 
-TRAIN = ["--data", "digits-tensor", "--model", "etj_trainer.models:tiny_mlp", "--epochs", "50",
+TRAIN = ["--data", "digits-tensor", "--model", "etj_trainer.classifier.models:tiny_mlp", "--epochs", "50",
          "--global-batch-size", "32", "--min-step-seconds", "0.05"]  # fmt: skip
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from etj_trainer.progress import ProgressReporter, get_json, post_json
-from etj_trainer.store_server import ProgressState, make_http_server
+from etj_trainer.core.progress import ProgressReporter, get_json, post_json
+from etj_trainer.service.store_server import ProgressState, make_http_server
 
 
 @pytest.fixture

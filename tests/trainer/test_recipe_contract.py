@@ -5,9 +5,9 @@ from __future__ import annotations
 from etj_operator.api.models import TrainingSpec
 from etj_operator.decide.pod_env import recipe_env
 from etj_trainer import cli
-from etj_trainer.augment import Augmentation
+from etj_trainer.batching.schedule import LrSchedule, ScheduleType
 from etj_trainer.config import TrainConfig
-from etj_trainer.schedule import LrSchedule, ScheduleType
+from etj_trainer.data.augment import Augmentation
 
 RESNET50 = {
     "globalBatchSize": 8192,

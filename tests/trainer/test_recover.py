@@ -15,9 +15,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from etj_trainer.checkpoint import load_latest
+from etj_testbed.worldsim import run_world
+from etj_trainer.checkpoint.store import load_latest
 from etj_trainer.config import TrainConfig
-from etj_trainer.recover import (
+from etj_trainer.core.sample_log import consumed_per_epoch
+from etj_trainer.resize.recover import (
     GIVE_UP_S,
     Recovery,
     decide_recovery,
@@ -25,8 +27,6 @@ from etj_trainer.recover import (
     is_peer_loss,
     members_after_crash,
 )
-from etj_trainer.sample_log import consumed_per_epoch
-from etj_trainer.worldsim import run_world
 
 GLOO_CLOSED = (
     "[../gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:10935. "
@@ -189,8 +189,8 @@ def _rank(rank: int, port: int) -> None:
 
     from torch import nn
 
-    from etj_trainer import group_sockets
-    from etj_trainer.recover import Lost, close_failed_group, lost_or_raise
+    from etj_trainer.resize import group_sockets
+    from etj_trainer.resize.recover import Lost, close_failed_group, lost_or_raise
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=90))
     timeout = datetime.timedelta(seconds=90)
@@ -257,7 +257,7 @@ def test_shutting_the_failed_groups_sockets_skips_one_its_owner_closed_meanwhile
     import os
     import socket
 
-    from etj_trainer import group_sockets
+    from etj_trainer.resize import group_sockets
 
     closed, live = socket.socketpair()
     entry = (closed.fileno(), os.readlink(f"/proc/self/fd/{closed.fileno()}"))

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from etj_trainer.checkpoint import load_latest
+from etj_testbed.worldsim import run_world
+from etj_trainer.checkpoint.store import load_latest
+from etj_trainer.classifier.trainer import StopFlag
 from etj_trainer.config import TrainConfig
-from etj_trainer.regroup import Regroup, StopCode, decide
-from etj_trainer.trainer import StopFlag
-from etj_trainer.worldsim import run_world
+from etj_trainer.core import world
+from etj_trainer.core.stopping import StopCode
+from etj_trainer.resize.regroup import Regroup, decide
 
 R, L, X, A = StopCode.RUN, StopCode.LEAVING, StopCode.RESTARTING, StopCode.ADMIT
 
@@ -107,6 +109,9 @@ def test_sigterm_code_follows_the_agent_state_file(
     if state is not None:
         path.write_text(state)
     monkeypatch.setenv("ETJ_AGENT_STATE_FILE", str(path))
+    # install() makes this flag the process's (world.installed()); put the old one back after the test, or a
+    # later Job in this process (test_custom_loop's plain script) takes the requested flag and stops at once
+    monkeypatch.setattr(world, "_installed", world.installed())
     old = signal.getsignal(signal.SIGTERM)
     try:
         flag = StopFlag()

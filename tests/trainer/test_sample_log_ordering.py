@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from etj_trainer.classifier.trainer import StopFlag, train
 from etj_trainer.config import TrainConfig
-from etj_trainer.regroup import StopCode
-from etj_trainer.trainer import StopFlag, train
+from etj_trainer.core.stopping import StopCode
 
 DIE_AT_STEP = 7
 

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from etj_trainer.batching import split_counts
-from etj_trainer.sampler import ElasticSampler
+from etj_trainer.batching.plan import split_counts
+from etj_trainer.batching.sampler import ElasticSampler
 
 
 def _run_schedule(size: int, batch: int, worlds: list[int], resume_every: int) -> dict[int, list[int]]:

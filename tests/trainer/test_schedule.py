@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from etj_trainer.dynamic_sgd import DynamicSGD
-from etj_trainer.schedule import LrSchedule, ScheduleType, lr_factor, parse_milestones
+from etj_trainer.batching.dynamic_sgd import DynamicSGD
+from etj_trainer.batching.schedule import LrSchedule, ScheduleType, lr_factor, parse_milestones
 
 RESNET50 = LrSchedule(ScheduleType.STEP, epochs=90, warmup_epochs=5, milestones=(30, 60, 80), gamma=0.1)
 COSINE = LrSchedule(ScheduleType.COSINE, epochs=10, warmup_epochs=2, final_lr_fraction=0.1)

@@ -10,15 +10,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-from etj_trainer.checkpoint import list_checkpoints, load_latest
-from etj_trainer.local_launcher import launch_store
-from etj_trainer.progress import get_json, post_json
+from etj_trainer.agent.local_launcher import launch_store
+from etj_trainer.checkpoint.store import list_checkpoints, load_latest
+from etj_trainer.core.progress import get_json, post_json
 
 TRAIN_ARGS = [
     "--data",
     "digits-tensor",
     "--model",
-    "etj_trainer.models:tiny_mlp",
+    "etj_trainer.classifier.models:tiny_mlp",
     "--epochs",
     "50",
     "--global-batch-size",
@@ -112,7 +112,7 @@ def test_store_serves_progress_and_tcpstore(tmp_path: Path) -> None:
 def test_two_stores_on_one_machine_share_the_ports_on_their_own_addresses() -> None:
     # regression: the store listened on every address (TCPStore's libuv server ignores the host it is
     # given), so two process-backed jobs on one machine (a demo beside a test run) took each other's port
-    from etj_trainer.local_launcher import free_port
+    from etj_trainer.agent.local_launcher import free_port
 
     port, http_port = free_port(), free_port()
     procs = []

@@ -1,4 +1,5 @@
-"""The start-up wait (startup.py) on a real TCPStore: agents count in and wait, bounded, for the others."""
+"""The start-up wait (agent/first_round.py) on a real TCPStore: agents count in and wait, bounded, for the
+others."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import threading
 
 from torch.distributed import TCPStore
 
-from etj_trainer.startup import arrivals_key, wait_for_startup_peers
+from etj_trainer.agent.first_round import arrivals_key, wait_for_startup_peers
 
 
 def _store() -> TCPStore:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from etj_contract import env as etj_env
-from etj_trainer.local_launcher import LocalAgents, free_port, launch_store
-from etj_trainer.progress import get_json
+from etj_trainer.agent.local_launcher import LocalAgents, free_port, launch_store
+from etj_trainer.core.progress import get_json
 
 TORCH_STORE_TIMEOUT_S = 60  # torch's c10d read_timeout default: what an agent waited before the fix
 WAITED = re.compile(r"waiting for the rendezvous store at \S+ \((\d+) s\)")
@@ -44,7 +44,7 @@ def _env(tmp_path: Path, port: int, http_port: int, **extra: str) -> dict[str, s
         etj_env.CHECKPOINT_DIR.name: str(tmp_path / "ckpt"),
         etj_env.LOCAL_CHECKPOINT_DIR.name: str(tmp_path / "local"),
         "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp",
         "ETJ_EPOCHS": "1",
         "ETJ_GLOBAL_BATCH_SIZE": "64",
         **extra,

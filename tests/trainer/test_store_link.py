@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 
-from etj_trainer.store_link import Action, LinkState, ReconnectingRendezvous, next_action
+from etj_trainer.agent.store_link import Action, LinkState, ReconnectingRendezvous, next_action
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_next_rendezvous_waits_for_the_store_instead_of_raising(monkeypatch: pyt
         if clock.t >= 3.0:
             store.up, store.incarnation = True, 1
 
-    monkeypatch.setattr("etj_trainer.store_link.time.sleep", sleep)
+    monkeypatch.setattr("etj_trainer.agent.store_link.time.sleep", sleep)
     assert link.next_rendezvous() == "round on store 1"
     assert made[-1].joined == [1] and clock.t >= 3.0
 
@@ -129,7 +129,7 @@ def test_next_rendezvous_gives_up_after_the_join_timeout(monkeypatch: pytest.Mon
     store, clock = FakeStore(), Clock()
     link, _ = _link(store, clock, join_timeout=10.0)
     store.up = False
-    monkeypatch.setattr("etj_trainer.store_link.time.sleep", lambda s: setattr(clock, "t", clock.t + s))
+    monkeypatch.setattr("etj_trainer.agent.store_link.time.sleep", lambda s: setattr(clock, "t", clock.t + s))
     with pytest.raises(RendezvousTimeoutError):
         link.next_rendezvous()
 
@@ -146,8 +146,8 @@ def test_a_lost_store_leaves_the_environments_bounds() -> None:
     fail rank 0's admission nor hold the agent's rendezvous for long: the environment's bounds apply."""
     import time
 
-    from etj_trainer import bounds
-    from etj_trainer.local_launcher import free_port
+    from etj_trainer.agent.local_launcher import free_port
+    from etj_trainer.resize import bounds
 
     gone = f"http://127.0.0.1:{free_port()}/progress"  # nobody listens there
     started = time.monotonic()
@@ -160,7 +160,7 @@ def test_a_lost_store_leaves_the_environments_bounds() -> None:
 def test_the_first_handler_waits_for_a_store_that_starts_late() -> None:
     """build_when_store_answers: no store, then a store that listens but cannot serve yet, then one that
     does; past the start-up bound the wait ends (StoreNeverAnswered), never with a torch store error."""
-    from etj_trainer.store_link import StoreNeverAnswered, build_when_store_answers
+    from etj_trainer.agent.store_link import StoreNeverAnswered, build_when_store_answers
 
     now = [0.0]
     probes = iter([False, False, True, True])

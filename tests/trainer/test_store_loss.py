@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from etj_contract import env as etj_env
-from etj_trainer.local_launcher import LocalAgents, launch_store
-from etj_trainer.progress import get_json
-from etj_trainer.sample_log import consumed_per_epoch
+from etj_trainer.agent.local_launcher import LocalAgents, launch_store
+from etj_trainer.core.progress import get_json
+from etj_trainer.core.sample_log import consumed_per_epoch
 
 EPOCHS = 5
 
@@ -58,7 +58,7 @@ def test_agents_outlive_their_store_and_reform_on_a_new_one(tmp_path: Path) -> N
         etj_env.CHECKPOINT_DIR.name: str(tmp_path / "ckpt"),
         etj_env.LOCAL_CHECKPOINT_DIR.name: str(tmp_path / "local"),
         "ETJ_DATA": "digits-tensor",
-        "ETJ_MODEL": "etj_trainer.models:tiny_mlp",
+        "ETJ_MODEL": "etj_trainer.classifier.models:tiny_mlp",
         "ETJ_EPOCHS": str(EPOCHS),
         "ETJ_GLOBAL_BATCH_SIZE": "32",
         "ETJ_MICRO_BATCH_SIZE": "16",

@@ -26,12 +26,13 @@ import pytest
 from torch.distributed import TCPStore
 
 from etj_contract.replicas import REPLICAS_PATH, Replicas
-from etj_trainer import bounds
-from etj_trainer.agent import AgentConfig, make_rendezvous_handler
-from etj_trainer.local_launcher import free_port
-from etj_trainer.progress import get_json, post_json
-from etj_trainer.sealed_rendezvous import NULL_SENTINEL, SealedC10dBackend, seal, state_key, unseal
-from etj_trainer.store_server import ProgressState, make_http_server
+from etj_trainer.agent.agent_config import AgentConfig
+from etj_trainer.agent.local_launcher import free_port
+from etj_trainer.agent.rendezvous import make_rendezvous_handler
+from etj_trainer.agent.sealed_rendezvous import NULL_SENTINEL, SealedC10dBackend, seal, state_key, unseal
+from etj_trainer.core.progress import get_json, post_json
+from etj_trainer.resize import bounds
+from etj_trainer.service.store_server import ProgressState, make_http_server
 
 TOKEN = "the-jobs-token"
 RUN_ID = "0f3c-job-uid"  # ETJ_RDZV_ID: in every pod's environment, so known to an attacker

@@ -145,8 +145,9 @@ CHECKPOINT_URI = _var(
     flag=True,
     set_by=OP,
 )
-# The object stores the trainer writes checkpoints to (etj_trainer.object_store), and so the only URIs the
-# CRD admits: a scheme it validated and the trainer then refused (gs://) failed the job at its first save.
+# The object stores the trainer writes checkpoints to (etj_trainer.checkpoint.object_store), and so the only
+# URIs the CRD admits: a scheme it validated and the trainer then refused (gs://) failed the job at its
+# first save.
 CHECKPOINT_URI_SCHEMES = ("s3",)
 CHECKPOINT_URI_RE = rf"^({'|'.join(CHECKPOINT_URI_SCHEMES)})://[^/\s]+(/.*)?$"
 CHECKPOINT_KEEP = _var(

@@ -9,7 +9,7 @@ document only. Two rules make the channel lossless for what matters:
   stale document cannot take one back;
 - ``finished``/``accuracy`` are sticky: once a finished report is stored, later stale reports cannot unset
   it, and the trainer POSTs that final report synchronously, retrying until the store acknowledges it
-  (``etj_trainer.progress``);
+  (``etj_trainer.core.progress``);
 - ``lastError`` (the last line of a crashed worker's error, sent by its agent in a report of its own,
   without a step) stays until a newer error replaces it: an error report changes nothing else, and a
   training report without one does not clear it (the operator shows it when the step stops advancing).

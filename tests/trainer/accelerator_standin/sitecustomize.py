@@ -23,7 +23,7 @@ def _install(mode: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from etj_trainer import devices
+    from etj_trainer.core import devices
 
     devices.ACCELERATOR_BACKENDS["cuda"] = "gloo"  # NCCL's stand-in: gloo for cuda tensors only
     devices.accelerator_type = lambda: "cuda"

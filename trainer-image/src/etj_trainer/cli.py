@@ -52,6 +52,10 @@ def _script_env(script: list[str] | None) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``etj-train``.
+
+    Long because: the commands' flags are one flat argparse list, then the dispatch on them.
+    """
     ap = argparse.ArgumentParser(prog="etj-train")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("store", help="rendezvous pod: TCPStore + HTTP progress server")
@@ -96,20 +100,20 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
 
     if ns.cmd == "store":
-        from etj_trainer.store_server import serve
+        from etj_trainer.service.store_server import serve
 
         serve(ns.host, ns.port, ns.http_port, max_open_files=ns.max_open_files)
         return 0
     if ns.cmd == "worker":
         import os
 
-        from etj_trainer.agent import main as worker_main
+        from etj_trainer.agent.worker import main as worker_main
 
         os.environ.update(_script_env(ns.script))  # inherited by the forkserver and its workers
         return worker_main()
     if ns.cmd == "local":
-        from etj_trainer.local_launcher import main as local_main
-        from etj_trainer.local_launcher import parse_schedule
+        from etj_trainer.agent.local_launcher import main as local_main
+        from etj_trainer.agent.local_launcher import parse_schedule
 
         peak, n = ns.nodes, ns.nodes
         for ev in parse_schedule(ns.schedule):
@@ -124,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "train":
         import os
 
+        from etj_trainer.classifier.trainer import StopFlag, train
         from etj_trainer.config import TrainConfig
-        from etj_trainer.trainer import StopFlag, train
 
         cfg = TrainConfig.from_env({**os.environ, **_train_env(ns)})
         stop = StopFlag()
@@ -133,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         train(cfg, stop)  # under torchrun (WORLD_SIZE set), the Job binds the GPU and forms the group
         return 0
     if ns.cmd == "make-digits":
-        from etj_trainer.digits import make_digits
+        from etj_trainer.data.digits import make_digits
 
         print(make_digits(ns.out_dir, ns.image_size))
         return 0
     if ns.cmd == "prepare":
-        from etj_trainer import fashion_mnist
+        from etj_trainer.data import fashion_mnist
 
         try:
             print(fashion_mnist.prepare(ns.out_dir, ns.image_size, ns.limit))

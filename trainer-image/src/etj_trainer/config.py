@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from etj_contract import env as etj_env
-from etj_trainer.augment import Augmentation
-from etj_trainer.batching import ResizePolicy
-from etj_trainer.schedule import LrSchedule, ScheduleType
+from etj_trainer.batching.plan import ResizePolicy
+from etj_trainer.batching.schedule import LrSchedule, ScheduleType
+from etj_trainer.data.augment import Augmentation
 
 
 @dataclass
 class TrainConfig:
     data: str = ""  # "digits", "digits-tensor", a folder tree, or a .tar (webdataset-style) file
     val_data: str = ""  # same forms; empty = no validation
-    model: str = "etj_trainer.models:small_cnn"  # torchvision name or "module:callable"
+    model: str = "etj_trainer.classifier.models:small_cnn"  # torchvision name or "module:callable"
     num_classes: int = 10
     image_size: int = 32
     global_batch_size: int = 64

@@ -12,22 +12,23 @@
                 step.backward(F.cross_entropy(model(x), y, reduction="sum"))
             step.optimizer_step()                          # commit, optimizer step, checkpoints, progress
 
-What etj guarantees for such a loop (the built-in trainer, ``trainer.py``, is one such loop):
+What etj guarantees for such a loop (the built-in trainer, ``classifier/trainer.py``, is one such loop):
 
 * **Fixed global batch**: each step's ``global_batch_size`` indices are split over the ranks of the moment
   (uneven shares allowed) and into micro-batches of at most ``micro_batch_size``; gradients are synced
   once, on the last micro-batch. ``step.backward`` takes the micro-batch's *summed* loss and weights it so
-  that the all-reduced gradient is the mean over the global batch, whatever the split (batching.py).
+  that the all-reduced gradient is the mean over the global batch, whatever the split (batching/plan.py).
 * **Exactly-once sampling** of ``range(dataset_size)``: a ``(seed, epoch)`` permutation read from one
-  global position, which checkpoints and resizes carry over (sampler.py).
+  global position, which checkpoints and resizes carry over (batching/sampler.py).
 * **Dynamic SGD**: with ``resizePolicy: DynamicSGD`` the optimizer must be ``elastic.DynamicSGD``; its LR
   multiplier follows the world size. The config's LR schedule (``spec.training``) is applied to it too.
 * **Checkpoints** of everything registered (``setup_model``, ``setup_optimizer``, ``register``) plus the
   sampler, the step and the RNG: a shared copy every ``checkpoint_interval_steps`` (written in the
   background) and just in time when a pod leaves; a node-local copy when the process stops and as a
-  background snapshot (checkpoint.StateWriter). On start the world restores the newest copy any rank has.
-* **Resizes at step boundaries, in process** (inplace.py): a graceful leave re-forms the world among the
-  survivors (the next step simply runs on fewer ranks); a joining node's ranks are admitted at a step
+  background snapshot (checkpoint/store.py's StateWriter). On start the world restores the newest copy any
+  rank has.
+* **Resizes at step boundaries, in process** (resize/inplace.py): a graceful leave re-forms the world among
+  the survivors (the next step simply runs on fewer ranks); a joining node's ranks are admitted at a step
   boundary and get the state from rank 0; when a peer dies mid-step, the survivors re-form without it and
   redo the step. Whatever cannot be done in place restarts the processes, which resume from the newest
   copy.
@@ -36,7 +37,7 @@ What etj guarantees for such a loop (the built-in trainer, ``trainer.py``, is on
 The step's commit point is its last collective (the loss and every rank's stop code), *before* the
 optimizer step: until then nothing a checkpoint holds has changed except what a forward pass touches
 (buffers, the RNG), which each step records at its start. So when a collective fails under the calls
-above, the state goes back to the last committed step. A lost peer (recover.py) makes the step *lost*:
+above, the state goes back to the last committed step. A lost peer (resize/recover.py) makes the step *lost*:
 its remaining calls do nothing (a forward runs the bare module without a collective, ``backward`` and
 ``optimizer_step`` return at once, ``micro_batches`` stops), and the next iteration of ``steps()``
 re-forms the world and yields the same step again, to the same loop body. Any other failure, or a crash
@@ -44,447 +45,29 @@ the survivors cannot recover from in place, writes the last committed step as th
 way out: survivors of a crash lose at most the step in progress either way. Collectives of your own
 inside a step are outside this: their failure goes up as an error (the restart path).
 
-The API is split by concern: ``Job`` (here: the loop, its state, checkpoints and failures), ``Step``,
-``ElasticModule`` and ``Membership`` (step.py), the in-process resizes (inplace.py), the reports to the
-operator (job_report.py), and who this process is (world.py). This module stays a little over ~400
-lines (its docstring is the API's reference): ``Job``'s parts share its state and read in order as one
-loop.
+This module is the API's public face and reference; the code lives in the subpackages (docs/architecture.md):
+``Job`` (loop/job.py: the loop, its state, checkpoints and failures), ``Step``, ``ElasticModule`` and
+``Membership`` (loop/step.py), the in-process resizes (resize/inplace.py), the reports to the operator
+(loop/report.py), and who this process is (core/world.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import logging
-import math
-import os
-import time
-from collections.abc import Iterator, Mapping
-from dataclasses import fields
-from typing import Any, Protocol
-
-import torch
-import torch.distributed as dist
-from torch import nn
-
-from etj_contract import env as etj_env
-from etj_trainer import devices, group_sockets, join, regroup
-from etj_trainer.batching import ResizePolicy, plan_step
-from etj_trainer.checkpoint import CheckpointStore, StateWriter
+from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.config import TrainConfig
-from etj_trainer.data import Micro
-from etj_trainer.dynamic_sgd import DynamicSGD
-from etj_trainer.inplace import InPlace, Resize
-from etj_trainer.job_report import Report, progress
-from etj_trainer.progress import ProgressReporter
-from etj_trainer.sample_log import SampleLog
-from etj_trainer.sampler import ElasticSampler
-from etj_trainer.state_sync import agree_on_checkpoint, capture_rng, restore_rng
-from etj_trainer.step import ElasticModule, Membership, Step
-from etj_trainer.world import StopFlag, World, incarnation, installed
+from etj_trainer.core.world import StopFlag
+from etj_trainer.data.stream import Micro
+from etj_trainer.loop.job import Job, last_job
+from etj_trainer.loop.step import ElasticModule, Membership, Step
 
-__all__ = ["DynamicSGD", "ElasticModule", "Job", "Membership", "Micro", "Step", "StopFlag", "TrainConfig"]
-
-log = logging.getLogger(__name__)
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state_dict: dict[str, Any], /) -> Any: ...
-
-
-_last_job: Job | None = None  # the last Job of this process: etj-train worker picks its exit code from it
-
-
-def last_job() -> Job | None:
-    return _last_job
-
-
-class Job:
-    """The world, the config, the registered state and the loop's bookkeeping; see the module docstring.
-
-    ``config``: a ``TrainConfig`` (default: from the ``ETJ_*`` environment the operator or ``etj-train
-    local`` sets); ``defaults``: config fields for what the environment does not set (e.g.
-    ``global_batch_size=256`` in a script that also runs outside etj).
-    """
-
-    def __init__(
-        self,
-        dataset_size: int,
-        config: TrainConfig | None = None,
-        *,
-        stop: StopFlag | None = None,
-        **defaults: Any,
-    ) -> None:
-        global _last_job
-        self.t_start = time.monotonic()
-        self.config = cfg = config if config is not None else _config_from_env(defaults)
-        # A joiner forms its first group when the running world admits it (join.py); group_sockets: so a
-        # survivor of a crash can shut the failed group's sockets (recover.close_failed_group).
-        # First of all, this rank's own GPU (a script started by torchrun has no etj worker to bind it).
-        devices.bind_this_rank()
-        if "WORLD_SIZE" in os.environ and not dist.is_initialized() and not join.joining():
-            group_sockets.init(devices.process_group_backend(), timeout=regroup.collective_timeout())
-        self.world = World.current()
-        self.stop = stop or installed() or StopFlag().install()
-        if cfg.deterministic:
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before any restore
-        self.sampler = ElasticSampler(dataset_size, cfg.seed)
-        self.ckpts = CheckpointStore.for_config(cfg)
-        self.writer = StateWriter(self.ckpts, cfg.local_snapshot_interval_s)
-        self.schedule = cfg.schedule()
-        self.step = 0
-        self.meta: dict[str, Any] = {"resizes": [], "samples_seen": 0}
-        self.model: ElasticModule | None = None
-        self.ddp: nn.Module | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scaler: torch.amp.GradScaler | None = None
-        self.extra: dict[str, Stateful] = {}
-        self.membership: Membership | None = None
-        self.report = Report(ProgressReporter(""), None, 0, False)  # started by steps()
-        self.incarnation = 0.0  # the current membership's (world.incarnation)
-        self.inplace = InPlace()  # this rank's part in in-process leaves, joins and crash recoveries
-        self.stopped_early = False  # stopped by a SIGTERM somewhere in the world
-        self.survivors_go_on = False  # this rank leaves and the others re-form the world without it
-        self.loss = math.nan
-        self.rate = 0.0
-        self.finished = False
-        self._committed = True  # the state in memory is the last committed step
-        self._current: Step | None = None
-        self._failure_handled = False
-        self._samples_log: SampleLog | None = None
-        self._t_last = time.monotonic()
-        self._codes: list[int] = []
-        _last_job = self
-
-    # ---- registering state ---------------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:
-        return self.world.device
-
-    @property
-    def step_lost(self) -> bool:
-        """The step in progress failed because a peer died: it is redone once the world re-forms."""
-        return self._current is not None and self._current.lost is not None
-
-    def setup_model(self, module: nn.Module) -> ElasticModule:
-        """Move ``module`` to the job's device; returns the module to train with (and checkpoint)."""
-        module = module.to(self.device)
-        if self.config.sync_batchnorm and self.world.dist_on:
-            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
-        self.model = ElasticModule(module, self)
-        return self.model
-
-    def setup_optimizer(
-        self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None
-    ) -> torch.optim.Optimizer:
-        """Register the optimizer (and an fp16 GradScaler, which ``Step`` then applies)."""
-        if ResizePolicy(self.config.resize_policy) == ResizePolicy.DYNAMIC_SGD and not isinstance(
-            optimizer, DynamicSGD
-        ):
-            raise TypeError("resizePolicy DynamicSGD needs an etj_trainer.elastic.DynamicSGD optimizer")
-        self.optimizer, self.scaler = optimizer, scaler
-        return optimizer
-
-    def register(self, name: str, obj: Stateful) -> None:
-        """Checkpoint ``obj`` (anything with ``state_dict``/``load_state_dict``: an LR scheduler, an EMA)."""
-        if name in ("model", "optimizer", "scaler", "sampler", "step", "rng", "meta"):
-            raise ValueError(f"{name!r} is taken by etj's own state")
-        self.extra[name] = obj
-
-    # ---- the loop --------------------------------------------------------------------------------------
-
-    def steps(self) -> Iterator[Step]:
-        """Restore, then yield one ``Step`` per global step until the epochs/max steps are done or the world
-        stops (``stopped_early``); a graceful leave re-forms the world between two steps."""
-        if self.model is None or self.optimizer is None:
-            raise RuntimeError("call setup_model() and setup_optimizer() before steps()")
-        self._start()
-        while not self.stopped_early:  # one pass per membership (a joiner never admitted stops at once)
-            m = self.membership = self._begin_membership()
-            resize: Resize | None = None
-            while self.running:
-                step = self._current = Step(self, m)
-                yield step
-                if step.lost is not None:  # a peer died: the survivors redo this step in a new membership
-                    step._undo.restore(self.model.module if self.model is not None else None)
-                    resize = step.lost
-                    break
-                if not step.committed:
-                    raise RuntimeError("call step.optimizer_step() once in every step")
-                resize, stop_now = self.boundary()
-                if stop_now:
-                    self.stopped_early = resize is None
-                    break
-            if resize is None:
-                return
-            self._regroup(resize)
-
-    @property
-    def running(self) -> bool:
-        cfg = self.config
-        return self.sampler.epoch < cfg.epochs and (cfg.max_steps <= 0 or self.step < cfg.max_steps)
-
-    def finish(self, **metrics: Any) -> None:
-        """Final checkpoint and the final report (with ``metrics``, e.g. ``accuracy``); then the world's
-        last barrier. After a stop (``stopped_early``) it only closes the job. Called by ``with`` too."""
-        if self.finished:
-            return
-        self.finished = True
-        w = self.world
-        self.writer.wait()
-        if not self.stopped_early and self.membership is not None:
-            self._save(shared=True)
-            if w.rank == 0:
-                payload = progress(self)
-                payload.update(finished=True, **metrics)
-                # Synchronous and retried: the operator marks the job Succeeded from this report.
-                self.report.reporter.finish(payload)
-                result = {"step": self.step, "loss": self.loss, "worldSize": w.size, **metrics}
-                print("ETJ_RESULT " + json.dumps(result), flush=True)
-        if self.membership is not None:
-            self.report.reporter.close()
-        self.inplace.close(shut=not self.survivors_go_on)  # survivors going on in place keep admitting
-        if w.dist_on and not self.survivors_go_on and dist.is_initialized():
-            dist.barrier()  # the survivors of an in-process resize have left this group already
-
-    def __enter__(self) -> Job:
-        return self
-
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        if exc is not None:
-            self.on_failure()
-        else:
-            self.finish()
-
-    # ---- failures ----------------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def guard(self) -> Iterator[None]:
-        """Around every collective of a step. A peer that died fails it: when the survivors can redo the
-        step in place (recover.py) the error is swallowed and the step marked lost (its remaining calls do
-        nothing, ``steps()`` re-forms the world and yields the step again); otherwise the last committed
-        step's local copy is written and the error goes on (torch elastic restarts the world)."""
-        try:
-            yield
-        except Exception as e:
-            step = self._current
-            if step is None or step.committed or step.lost is not None:
-                self.on_failure()
-                raise
-            try:
-                step.lost = self.inplace.lost_or_raise(e, self.step, time.monotonic() - self._t_last)
-            except Exception:
-                self.on_failure()
-                raise
-
-    def on_failure(self) -> None:
-        """A step failed (a peer crashed mid-collective, or this rank is being stopped): roll back what
-        the step changed and write the node-local copy, so this node restarts from the last commit."""
-        if self._failure_handled or not self._committed:
-            return
-        self._failure_handled = True
-        if self._current is not None and not self._current.committed:
-            self._current._undo.restore(self.model.module if self.model is not None else None)
-        if self.world.local_rank != 0 or self.membership is None:
-            return
-        try:
-            self.writer.now(self.state_dict(), self.step, shared=False, local=True)
-            print(f"etj: a step failed; wrote the local copy of step {self.step}", flush=True)
-        except Exception as e:  # the failure being raised is the one to report
-            log.warning("could not write the local copy after a failed step: %s", e)
-
-    # ---- state ---------------------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint holds (references to the live tensors: copy before training goes on)."""
-        assert self.model is not None and self.optimizer is not None
-        state: dict[str, Any] = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "step": self.step,
-            "rng": capture_rng(),
-            "meta": {**self.meta, "world_size": self.world.size},
-        }
-        if self.scaler is not None:
-            state["scaler"] = self.scaler.state_dict()
-        state.update({k: v.state_dict() for k, v in self.extra.items()})
-        return state
-
-    def _restore(self) -> int | None:
-        """Load the world's newest checkpoint (every rank offers its own); returns the rank it came from."""
-        state, src = agree_on_checkpoint(self.ckpts, self.world.rank, self.world.size)
-        if state is None:
-            return None
-        self.load_state(state)
-        return src
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Put a checkpoint's (or a peer's) state into the registered objects."""
-        assert self.model is not None and self.optimizer is not None
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
-        for k, v in self.extra.items():
-            if k in state:
-                v.load_state_dict(state[k])
-        self.sampler.load_state_dict(state["sampler"])
-        restore_rng(state["rng"])
-        self.step, self.meta = int(state["step"]), dict(state["meta"])
-
-    def _save(self, shared: bool) -> None:
-        # Every rank holds the same state after a step; rank 0 writes the shared copy, each node's local
-        # rank 0 its node-local copy (which is what survivors restore from).
-        w = self.world
-        if w.local_rank != 0 and w.rank != 0:
-            return
-        self.writer.now(self.state_dict(), self.step, shared=shared and w.rank == 0, local=w.local_rank == 0)
-
-    # ---- internals: start, membership, commit, boundary, regroup, progress ----------------------------
-
-    def _start(self) -> None:
-        w = self.world
-        t_restore = time.monotonic()
-        joiner = join.joining()  # warm now (model, data); the state comes from a peer once admitted
-        src = None if joiner else self._restore()
-        if joiner:
-            print(
-                f"etj: joiner warm in {time.monotonic() - self.t_start:.2f} s; asking to be admitted",
-                flush=True,
-            )
-        elif w.rank == 0:
-            # Where a (re)start spends its time: part of every restart-based resize pause.
-            print(
-                f"etj: rank 0 of {w.size} ready at step {self.step} "
-                f"in {time.monotonic() - self.t_start:.2f} s "
-                f"(restore {time.monotonic() - t_restore:.2f} s"
-                + (f" from rank {src})" if src is not None else ", nothing to restore)"),
-                flush=True,
-            )
-        self.report = Report.start(self.config.progress_url, w, self.meta, self.step, joiner)
-        if joiner:
-            ticket = join.ask()
-            if ticket is None:  # never admitted: the restart path (our agent joins the rendezvous)
-                print("etj: not admitted in place; restarting through the rendezvous", flush=True)
-                self.stopped_early = True
-                return
-            self._regroup(ticket)
-
-    def _begin_membership(self) -> Membership:
-        w, cfg = self.world, self.config
-        assert self.model is not None
-        self.ddp = None
-        if w.dist_on:
-            self.ddp = nn.parallel.DistributedDataParallel(
-                self.model.module,
-                device_ids=[w.local_rank] if w.device.type == "cuda" else None,
-                # after an in-process resize every rank holds the same state already (the joiners got it
-                # from rank 0): DDP's own broadcast of the whole model would only repeat that transfer
-                init_sync=not self.inplace.states_agree,
-            )
-        self.inplace.states_agree = False
-        policy = ResizePolicy(cfg.resize_policy)
-        plan = plan_step(
-            policy, cfg.global_batch_size, cfg.micro_batch_size, w.size, cfg.min_ranks, cfg.procs_per_worker
-        )
-        if policy == ResizePolicy.DYNAMIC_SGD:
-            assert isinstance(self.optimizer, DynamicSGD)
-            self.optimizer.set_target(plan.lr_target)  # ramps from the multiplier in force to this world's
-        inc = self.incarnation = incarnation(w.dist_on)
-        self.inplace.enter(w, inc)  # heartbeat under this membership's id; rank 0 opens the join door
-        self._samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
-        self.model.train()
-        return Membership(world=w, plan=plan, incarnation=inc, job=self)
-
-    def _commit(self, step: Step, loss: float, codes: list[int]) -> None:
-        """After the commit all-reduce: only local work, which no peer's failure can interrupt."""
-        assert self.optimizer is not None
-        self._committed = False
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)  # skips the step (and lowers the scale) on inf/nan gradients
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.sampler.commit(len(step.indices))
-        self.step += 1
-        self.meta["samples_seen"] = int(self.meta["samples_seen"]) + len(step.indices)
-        self.meta["lr"] = step.lr
-        self._committed = step.committed = True
-        self.loss, self._codes = loss, codes
-        now = time.monotonic()
-        inst = len(step.indices) / max(now - self._t_last, 1e-9)
-        self.rate = 0.8 * self.rate + 0.2 * inst if self.rate else inst
-        self._t_last = now
-
-    def boundary(self) -> tuple[regroup.Regroup | None, bool]:
-        """The step boundary: resize record, who stops, checkpoints, progress. Returns (where the
-        survivors regroup to, whether this membership ends here)."""
-        w, cfg = self.world, self.config
-        if self.report.resize_pending:
-            self.report.record_resize(self.meta, w, self.step)
-        self.meta["last_step_time"] = time.time()
-        stop_now = any(self._codes)
-        regroup_to = None
-        if stop_now:
-            decision = regroup.decide(
-                self._codes,
-                cfg.min_ranks,
-                w.dist_on and regroup.enabled_from_env(),
-                procs_per_node=w.local_size,
-            )
-            self.survivors_go_on = decision.in_process
-            if w.rank == 0:
-                print(f"etj: after step {self.step}: {decision.describe()}", flush=True)
-            if decision.in_process and w.rank in decision.survivors:
-                regroup_to = decision
-        shared_due = cfg.checkpoint_interval_steps > 0 and self.step % cfg.checkpoint_interval_steps == 0
-        # Just in time (synchronously) when this rank stops; survivors of an in-process resize keep their
-        # state in memory, so they skip it and go on at once. Otherwise in the background: the shared copy
-        # on its interval, the node-local one every local_snapshot_interval_s.
-        jit = stop_now and regroup_to is None
-        if jit:
-            self._save(shared=True)
-        elif not stop_now:
-            shared, local = shared_due and w.rank == 0, w.local_rank == 0 and self.writer.local_due()
-            if shared or local:
-                self.writer.background(self.state_dict, self.step, shared=shared, local=w.local_rank == 0)
-        if shared_due or jit:
-            self.meta["last_checkpoint"] = {
-                "step": self.step,
-                "path": str(cfg.checkpoint_dir),
-                "time": time.time(),
-            }
-        if w.rank == 0:
-            self.report.report(self, stop_now)
-        return regroup_to, stop_now
-
-    def _regroup(self, to: Resize) -> None:
-        """The world changes between two steps, in process (inplace.py): same state, next step."""
-        t0 = time.monotonic()
-        self.ddp = None  # the old group's wrapper goes with the group
-        changed = self.inplace.regroup(self, to)
-        if changed is None:
-            return  # the joiners withdrew, or there was no room: the same world goes on
-        old_size, self.world = changed
-        print(
-            f"etj: resizing {old_size}->{self.world.size} in process at step {self.step} "
-            f"(world re-formed, state agreed in {time.monotonic() - t0:.2f} s)",
-            flush=True,
-        )
-        self.report.resized_in_process(old_size, self.world, self.step, self.config.progress_url)
-        self.survivors_go_on = False  # every rank of the old group that goes on is in the new one
-
-
-def _config_from_env(defaults: Mapping[str, Any]) -> TrainConfig:
-    """``TrainConfig.from_env()``, with ``defaults`` for the fields the environment leaves unset."""
-    names = {f.name for f in fields(TrainConfig)}
-    unknown = set(defaults) - names
-    if unknown:
-        raise TypeError(f"unknown config fields {sorted(unknown)}")
-    set_by_env = {v.field for v in etj_env.CONFIG_FIELDS if v.read(os.environ) is not None}
-    return TrainConfig.from_env(**{k: v for k, v in defaults.items() if k not in set_by_env})
+__all__ = [
+    "DynamicSGD",
+    "ElasticModule",
+    "Job",
+    "Membership",
+    "Micro",
+    "Step",
+    "StopFlag",
+    "TrainConfig",
+    "last_job",
+]

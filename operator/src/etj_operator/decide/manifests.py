@@ -314,7 +314,8 @@ def rendezvous_pod(
     container = _store_container(spec, job=job, namespace=namespace, image=image)
     pod_spec: dict[str, Any] = {
         # Always: a crashed store restarts in place. A lost one is replaced by a new pod (new name, maybe
-        # a new IP): agents reach it by the Service name and re-form the world on it (etj_trainer.store_link).
+        # a new IP): agents reach it by the Service name and re-form the world on it
+        # (etj_trainer.agent.store_link).
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": RENDEZVOUS_GRACE_SECONDS,
         "enableServiceLinks": False,

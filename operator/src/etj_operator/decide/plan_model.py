@@ -19,7 +19,7 @@ from etj_operator.observe.nodes import NodeInfo
 from etj_operator.observe.pods import PodInfo
 
 # Workers that exited 0 have normally had their final report acknowledged (rank 0 retries it for up to 60 s
-# before it exits: etj_trainer.progress), and the operator re-reads the store at once when it sees them
+# before it exits: etj_trainer.core.progress), and the operator re-reads the store at once when it sees them
 # (reconciler.py). Until that report is in status the store is kept and the job is not Succeeded, for at most
 # this long: the accuracy and last resizes live in that report only.
 FINAL_REPORT_GRACE = timedelta(seconds=FINAL_REPORT_DEADLINE_S + 30)
@@ -76,8 +76,8 @@ class Plan:
     create_on_demand: list[int] = field(default_factory=list)
     pin_spot: bool = False  # create_workers are pinned to spot (a job whose deadline policy adds on-demand)
     # Workers the job has once those of create_workers that fit on free capacity now exist: new agents wait
-    # (bounded) for that many before their first rendezvous (etj_trainer/startup.py), so a job's first world
-    # forms at the size already scheduled instead of 0->2->4.
+    # (bounded) for that many before their first rendezvous (etj_trainer/agent/first_round.py), so a job's
+    # first world forms at the size already scheduled instead of 0->2->4.
     startup_workers: int = 0
     drains: list[Drain] = field(default_factory=list)
     ensure_service: bool = False

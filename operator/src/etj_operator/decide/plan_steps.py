@@ -248,7 +248,7 @@ def place_rendezvous(c: PlanContext) -> None:
     out.drains += store_drains(c.rdzv, c.obs)
     lost = {d.pod for d in out.drains if d.role == "rendezvous"}
     # A lost store is replaced at once under a fresh name (the agents wait for it and re-form the
-    # world on it: etj_trainer.store_link); nothing waits for the old pod to be gone.
+    # world on it: etj_trainer.agent.store_link); nothing waits for the old pod to be gone.
     if not any(p.name not in lost for p in live) and out.trainer_image is not None:
         out.create_rendezvous = True
         out.rendezvous_index = next_rendezvous_index(c.job.name, c.rdzv)

@@ -1,0 +1,261 @@
+"""``etj-train store``: the job's rendezvous pod.
+
+Hosts the TCPStore that torch elastic's c10d rendezvous uses (outside every worker, so losing any worker,
+rank 0 included, never loses the rendezvous state) and a tiny HTTP server for the progress channel:
+``POST /progress`` merges the JSON body into the stored document (``etj_contract.progress.merge``: resize
+records accumulate, a finished report stays finished), ``GET /progress`` returns it, ``GET /healthz`` is a
+liveness probe. ``POST /replicas`` is the operator's: the job's current replica bounds, kept in memory and
+read by the running agents and rank 0 with ``GET /replicas`` (``etj_contract.replicas``: ``kubectl scale``
+reaches them). Not in the TCPStore, which any client reaching its port can write.
+
+Every ``/progress`` and ``/replicas`` request requires the job's token (``ETJ_PROGRESS_TOKEN``, from the
+job's Secret) as ``Authorization: Bearer <token>``, and bodies over ``MAX_BODY_BYTES`` are refused unread:
+any pod the network lets in could otherwise end the job with a forged ``finished`` report, shrink its
+world, or exhaust the store's memory (docs/operator.md, "Threat model").
+
+Both endpoints cap their connections. The HTTP server serves at most ``MAX_HTTP_CONNECTIONS`` at once and
+leaves the rest in the listen backlog (one thread per connection otherwise: a client opening thousands
+would exhaust the pod). The
+TCPStore (torch's libuv server, which has no such setting) gets a file-descriptor limit for the whole
+process (``RLIMIT_NOFILE``, ``--max-open-files``): past it libuv accepts and closes new connections, the
+connections already open carry on.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import resource
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from torch.distributed import TCPStore
+
+from etj_contract import env as etj_env
+from etj_contract.ports import STORE_MAX_OPEN_FILES
+from etj_contract.progress import (
+    MAX_BODY_BYTES,
+    PROGRESS_PATH,
+    TOKEN_HEADER,
+    TOKEN_SCHEME,
+    ProgressDoc,
+    merge,
+)
+from etj_contract.replicas import REPLICAS_PATH, Replicas
+
+log = logging.getLogger(__name__)
+
+# Requests are short (the operator, rank 0, each agent's bounds read before a round); more than this at
+# once wait in the listen backlog, then the kernel's SYN retries: delayed, never a thread each.
+MAX_HTTP_CONNECTIONS = 256
+LISTEN_BACKLOG = 1024
+
+
+def cap_open_files(limit: int) -> int:
+    """Lower this process's soft RLIMIT_NOFILE to ``limit`` (never above the hard limit, never raised);
+    the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(limit, hard) if hard != resource.RLIM_INFINITY else limit
+    if soft == resource.RLIM_INFINITY or want < soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        return want
+    return soft
+
+
+class CappedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: the accept loop waits for a free slot,
+    so further clients queue in the listen backlog (socketserver's default of 5 would refuse them)."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int
+    ) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class ProgressState:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._doc: ProgressDoc | None = None
+
+    def put(self, doc: dict[str, Any]) -> None:
+        with self._lock:
+            self._doc = merge(self._doc, ProgressDoc.from_json(doc))
+
+    def get(self) -> dict[str, Any]:
+        with self._lock:
+            return {} if self._doc is None else self._doc.to_json()
+
+
+def make_http_server(
+    host: str,
+    port: int,
+    state: ProgressState,
+    token: str | None = None,
+    set_replicas: Callable[[Replicas], None] | None = None,
+    max_connections: int = MAX_HTTP_CONNECTIONS,
+) -> CappedHTTPServer:
+    """The progress endpoint and the operator's ``/replicas``; ``token`` (None or empty: none) is required
+    on both. ``set_replicas`` is told each accepted bound (the bounds themselves are served from here).
+
+    Long because: the handler class closes over the state, the token and the bounds it serves.
+    """
+    current: list[Replicas] = []
+    expected = f"{TOKEN_SCHEME} {token}".encode() if token else None
+
+    class Handler(BaseHTTPRequestHandler):
+        # A client that stops sending mid-request must not hold a thread forever.
+        timeout = 10.0
+
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _authorized(self) -> bool:
+            if expected is None:
+                return True
+            given = (self.headers.get(TOKEN_HEADER) or "").encode()
+            if hmac.compare_digest(given, expected):
+                return True
+            self.close_connection = True  # the body (if any) stays unread
+            self._send(401, b'{"error": "missing or wrong token"}')
+            return False
+
+        def do_GET(self) -> None:
+            if self.path == PROGRESS_PATH:
+                if self._authorized():
+                    self._send(200, json.dumps(state.get()).encode())
+            elif self.path == REPLICAS_PATH:
+                if self._authorized():
+                    self._send(200, json.dumps(current[-1].to_json() if current else {}).encode())
+            elif self.path == "/healthz":
+                self._send(200, b"ok", "text/plain")
+            else:
+                self._send(404, b"{}")
+
+        def _body(self) -> dict[str, Any] | None:
+            """The request's JSON object, or None once an error has been answered."""
+            raw = self.headers.get("Content-Length")
+            if raw is None or not raw.isdigit():
+                self.close_connection = True
+                self._send(411, b'{"error": "Content-Length required"}')
+                return None
+            length = int(raw)
+            if length > MAX_BODY_BYTES:
+                self.close_connection = True
+                self._send(413, b'{"error": "body too large"}')
+                return None
+            try:
+                doc = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                self._send(400, b'{"error": "invalid JSON"}')
+                return None
+            if not isinstance(doc, dict):
+                self._send(400, b'{"error": "expected a JSON object"}')
+                return None
+            return doc
+
+        def do_POST(self) -> None:
+            if self.path not in (PROGRESS_PATH, REPLICAS_PATH):
+                self._send(404, b"{}")
+                return
+            if not self._authorized():
+                return
+            doc = self._body()
+            if doc is None:
+                return
+            if self.path == PROGRESS_PATH:
+                state.put(doc)
+            else:
+                replicas = Replicas.from_json(doc)
+                if replicas is None:
+                    self._send(400, b'{"error": "expected {\\"min\\": n, \\"max\\": m}, 1 <= n <= m"}')
+                    return
+                if set_replicas is not None:
+                    set_replicas(replicas)
+                current.append(replicas)
+                del current[:-1]
+            self._send(204, b"")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http: " + format, *args)
+
+    return CappedHTTPServer((host, port), Handler, max_connections)
+
+
+def serve(
+    host: str = "0.0.0.0",
+    port: int = 29400,
+    http_port: int = 29401,
+    token: str | None = None,
+    max_open_files: int = STORE_MAX_OPEN_FILES,
+) -> None:
+    """Run the store and the progress server on ``host`` until SIGTERM/SIGINT.
+
+    ``token`` defaults to ``$ETJ_PROGRESS_TOKEN`` (the operator sets it from the job's Secret).
+
+    The pod binds its own IP (``--host $(POD_IP)``). TCPStore's libuv server listens on every address
+    whatever host it is given, so it gets a socket already bound to ``host`` instead: process-backed pods
+    share one machine's network, and two jobs' stores there must not take each other's port.
+    """
+    cap_open_files(max_open_files)  # before the store's server starts: its connections count against it
+    listener = socket.create_server((host, port), backlog=1024)  # SO_REUSEADDR: TIME_WAIT is no conflict
+    fd = listener.detach()  # the store owns (and closes) it from here
+    # wait_for_workers=False: the store must come up before any agent exists and outlive them all.
+    store = TCPStore(
+        host,
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        use_libuv=True,
+        master_listen_fd=fd,
+    )
+    state = ProgressState()
+    if token is None:
+        token = etj_env.PROGRESS_TOKEN.read(os.environ)
+    if not token:
+        log.warning("no %s: the progress endpoint accepts any client", etj_env.PROGRESS_TOKEN.name)
+    httpd = make_http_server(host, http_port, state, token)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    t = threading.Thread(target=httpd.serve_forever, name="etj-progress-http", daemon=True)
+    t.start()
+    print(
+        f"etj-train store: TCPStore on {host}:{port}, progress on http://{host}:{http_port}/progress",
+        flush=True,
+    )
+    stop.wait()
+    httpd.shutdown()
+    httpd.server_close()
+    del store  # held until here: the TCPStore server lives as long as this object
