@@ -449,7 +449,7 @@ def test_metrics_disabled_means_no_service_and_no_listener() -> None:
 BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("unknown top-level key", {"replicas": 2}, ["additional properties 'replicas' not allowed"]),
     ("no replicas", {"replicaCount": 0}, ["/replicaCount", "minimum"]),
-    ("unknown leader election key", {"leaderElection": {"lease": 5}}, ["/leaderElection", "'lease' not allowed"]),
+    ("unknown leader election key", {"leaderElection": {"lease": 5}}, ["'lease' not allowed"]),
     ("unknown nested key", {"operator": {"resync": 5}}, ["/operator", "'resync' not allowed"]),
     ("zero grace", {"operator": {"workerGraceSeconds": 0}}, ["/operator/workerGraceSeconds", "minimum"]),
     ("grace as string", {"operator": {"workerGraceSeconds": "90"}}, ["/operator/workerGraceSeconds"]),
