@@ -71,6 +71,7 @@ from bench.economics.provisioner import OnDemandProvisioner  # noqa: E402
 from bench.economics.traces import Trace, busiest_window, resolve_trace, scaled, schedule  # noqa: E402
 
 from etj_operator.constants import LABEL_CAPACITY, ROLE_RENDEZVOUS  # noqa: E402
+from etj_operator.timeutil import parse_time  # noqa: E402
 from etj_testbed.demo.local import Demo  # noqa: E402
 from etj_testbed.demo.script import SPOT_ITN, DemoResult, Script  # noqa: E402
 
@@ -424,7 +425,7 @@ def run_arm(
         out = summarize(arm, result, demo.log, args, demo.phases)
         out["workers_by_capacity"] = [list(b) for b in demo.by_capacity]
         if arm.deadline:
-            out["deadline"] = deadline_outcome(result.status, deadline_s, demo.by_capacity)
+            out["deadline"] = deadline_outcome(result.status, out["training_s"], deadline_s, demo.by_capacity)
         out["attempt"] = attempt
         return out
     raise RuntimeError(f"arm {arm.name}: another job kept taking port 29400 ({args.attempts} attempts)")
@@ -493,29 +494,26 @@ def summarize(
 def training_s(job: JSON) -> float | None:
     """status.startTime (the first worker trains) to completionTime: what spec.deadline.withinSeconds
     counts."""
-    from datetime import datetime
-
     st = job.get("status") or {}
-    if not st.get("startTime") or not st.get("completionTime"):
+    start, end = parse_time(st.get("startTime")), parse_time(st.get("completionTime"))
+    if start is None or end is None:
         return None
-    start, end = (
-        datetime.fromisoformat(st[k].replace("Z", "+00:00")) for k in ("startTime", "completionTime")
-    )
     return round((end - start).total_seconds(), 1)
 
 
-def deadline_outcome(job: JSON, deadline_s: float | None, by_capacity: list[tuple[float, int, int]]) -> JSON:
-    """Was the deadline met; what the policy last said; how the on-demand workers came and went."""
+def deadline_outcome(
+    job: JSON, took: float | None, deadline_s: float | None, by_capacity: list[tuple[float, int, int]]
+) -> JSON:
+    """Was the deadline met (``took``: the arm's training_s); what the policy last said; how many
+    on-demand workers there were at most."""
     st = job.get("status") or {}
-    took = training_s(job)
-    on_demand = [(t, od) for t, _, od in by_capacity]
     return {
         "within_s": deadline_s,
         "training_s": took,
         "met": took is not None and deadline_s is not None and took <= deadline_s,
         "schedule": st.get("schedule"),
         "cost": st.get("cost"),
-        "most_on_demand_workers": max((od for _, od in on_demand), default=0),
+        "most_on_demand_workers": max((od for _, _, od in by_capacity), default=0),
         "on_demand_reasons": [
             r.get("reason") for r in st.get("resizeHistory") or [] if "OnDemand" in str(r.get("reason"))
         ],
