@@ -12,12 +12,19 @@ one:
 - ``node-delete``: a spot node (one hosting a worker if any) is deleted; a fresh spot node comes later;
 - ``spot-interruption``: the AWS NTH taint ``aws-node-termination-handler/spot-itn:NoSchedule`` and a cordon
   on a spot node hosting a worker; the node is deleted once drained (or after the notice), a fresh one later;
-- ``operator-restart``: the operator process is SIGKILLed and a new one started with the same command;
+- ``operator-restart``: every operator replica is SIGKILLed and new ones started with the same command;
+- ``leader-kill``: the operator replica holding the leader Lease is SIGKILLed (the operator runs as the chart
+  runs it: two replicas electing a leader); a new replica replaces it; the failover time is measured;
 - ``store-kill``: the job's rendezvous store pod is force-deleted (SIGKILL, no grace);
 - ``store-node-loss``: the on-demand node hosting the store is deleted (machine gone); a fresh on-demand
   node comes later;
 - ``od-drain``: ``kubectl drain`` of an on-demand node (maintenance: evictions, the store included, then
-  uncordon once done).
+  uncordon once done);
+- ``store-node-drain``: ``kubectl drain`` of the node hosting the store (a node group upgrade): it must
+  complete (the store moves), with no failure counted; its duration is measured;
+- ``slow-store``: every on-demand node takes 45-90 s to "pull" the store's image (the process nodes'
+  simulated pull, ``etj.dev/proclet-image-pull-seconds``) and the store pod is force-deleted: the workers
+  wait for a store that starts slowly; the time until the new store runs is measured.
 
 Besides, a second job (``chaos-bad``) with a bad data path runs beside it from the start: it must end
 Failed (bounded crash loops, then the failure budget) with the trainer's error line in its progress
@@ -26,9 +33,8 @@ document (``lastError``); the times both took are reported.
 At least one on-demand node always stays (the store's and the minimum worker's capacity). At the end: the
 job must be Succeeded, every training sample seen exactly once in every epoch (the trainer's sample log,
 read with `etj_trainer.core.sample_log.consumed_per_epoch` as the e2e does), no failure counted
-(``status.failures``: store events must not count), the bad job Failed with its error reported, and at
-least ``--events``
-events done.
+(``status.failures``: store events must not count), every drain completed, the bad job Failed with its
+error reported, and at least ``--min-events`` events done.
 Prints one JSON object; exits 1 otherwise. Runs on a private cluster (``ETJ_CLUSTER_NAME=chaos``,
 ``ETJ_CLUSTER_PORT_BASE=18400`` unless set) that is stopped at the end.
 
@@ -53,14 +59,20 @@ from typing import Any
 
 import yaml
 
-from etj_contract.ports import PROGRESS_PORT
-from etj_testbed.demo.local import Demo
-from etj_testbed.demo.script import GROUP_PATH, SPOT_ITN, Script
-from etj_testbed.demo.view import logged_accuracy
-from etj_testbed.localcluster import toolchain
-from etj_trainer.core.progress import get_json
-
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: bench/ is sys.path[0], the repository is not
+    sys.path.insert(0, str(REPO))
+
+from bench.chaos_replicas import Replicas, leader_flags, lease_path  # noqa: E402
+
+from etj_contract.ports import PROGRESS_PORT  # noqa: E402
+from etj_testbed.demo.local import Demo  # noqa: E402
+from etj_testbed.demo.script import GROUP_PATH, SPOT_ITN, Script  # noqa: E402
+from etj_testbed.demo.view import logged_accuracy  # noqa: E402
+from etj_testbed.localcluster import toolchain  # noqa: E402
+from etj_testbed.localcluster.proclet.nodes import PULL_SECONDS_ANNOTATION  # noqa: E402
+from etj_trainer.core.progress import get_json  # noqa: E402
+
 JSON = dict[str, Any]
 KINDS = (
     "pod-delete",
@@ -71,12 +83,16 @@ KINDS = (
     "store-kill",
     "store-node-loss",
     "od-drain",
+    "store-node-drain",
+    "leader-kill",
+    "slow-store",
 )
-WEIGHTS = (3, 3, 2, 2, 1, 2, 1, 1)
+WEIGHTS = (3, 3, 2, 2, 1, 2, 1, 1, 1, 1, 1)
 BAD_JOB = "chaos-bad"
 NODE_PREFIX = {"spot": "spot", "on-demand": "od"}  # node names as Demo.start gives them
 NOTICE_S = 60.0  # the interrupted node goes at the latest this long after the notice
 RETURN_S = (8.0, 15.0)  # a fresh spot node this long after one is gone
+SLOW_PULL_S = (45.0, 90.0)  # the slow store's image pull on every on-demand node
 
 
 @dataclass
@@ -107,9 +123,21 @@ class ChaosDemo(Demo):
         self.notices: dict[str, float] = {}  # interrupted node -> monotonic time of the notice
         self.returns: list[tuple[float, str]] = []  # (monotonic time, capacity type) of a fresh node due
         self.serial = {"spot": 3, "on-demand": 3}  # the next fresh node's number, per capacity type
-        self.drain: tuple[str, subprocess.Popen[bytes]] | None = None  # node, `kubectl drain` running
+        self.drain: Drain | None = None  # the `kubectl drain` running
+        self.drains: list[JSON] = []  # every drain done: node, store's node or not, seconds, kubectl's exit
+        self.slow: JSON | None = None  # the slow store start-up under way
+        self.slow_stores: list[JSON] = []  # every slow start-up done: pull seconds, store back after
         self.operator_restarts = 0
+        self.operator_args = tuple(leader_flags(self.ns, "chaos-op-0"))  # two replicas, as the chart runs
+        self.replicas: Replicas | None = None
         self.bad: JSON = {"submitted_at": None, "failed_after_s": None, "error_after_s": None, "error": None}
+
+    def start(self) -> None:
+        super().start()  # the harness, the first operator replica (procs[1]) and the nodes
+        self.replicas = Replicas(
+            self.procs, [1], self.run_dir / "operator.log", lambda: self.kube.get_or_none(lease_path(self.ns))
+        )
+        self.replicas.add([str(a) for a in self.procs[1].args])
 
     # ---- the hook ---------------------------------------------------------------------------
 
@@ -140,11 +168,15 @@ class ChaosDemo(Demo):
             self.serial[capacity] += 1
             self.add_node(name, capacity)
             self.event(f"{capacity} capacity is back: {name}")
-        if self.drain is not None and self.drain[1].poll() is not None:
-            node, proc = self.drain
-            self.kubectl("uncordon", node, check=False)
-            self.event(f"od-drain of {node} done (kubectl exit {proc.returncode}); uncordoned")
+        if self.drain is not None and self.drain.proc.poll() is not None:
+            done = self.drain.record(now)
+            self.drains.append(done)
+            self.kubectl("uncordon", done["node"], check=False)
+            self.event(f"drain of {done['node']} done in {done['seconds']} s (kubectl exit {done['exit']})")
             self.drain = None
+        if self.replicas is not None and (failover := self.replicas.observe(now)) is not None:
+            self.event(f"leader failover: {failover.new_leader} leads after {failover.seconds} s")
+        self.watch_slow_store(now)
         self.watch_bad_job()
         if len(self.done) >= len(self.chaos.kinds) or status.get("phase") != "Running":
             return
@@ -181,8 +213,8 @@ class ChaosDemo(Demo):
         self.submit_bad_job()
 
     def cleanup(self, delete_job: bool = True) -> None:
-        if self.drain is not None and self.drain[1].poll() is None:
-            self.drain[1].kill()
+        if self.drain is not None and self.drain.proc.poll() is None:
+            self.drain.proc.kill()
         self.kubectl(
             "delete", "etj", BAD_JOB, "-n", self.ns, "--ignore-not-found", "--wait=false", check=False
         )
@@ -307,32 +339,87 @@ class ChaosDemo(Demo):
             self.returns.append((time.monotonic() + rng.uniform(*RETURN_S), "on-demand"))
             self.event(f"store-node-loss: {node} (machine gone without notice)")
             return node
-        if kind == "od-drain":
+        if kind in ("od-drain", "store-node-drain"):
+            store = self.store_node()
             if self.drain is not None or len(self.od_nodes()) < 2:
                 return None
-            hosting = {self.store_node(), *self.worker_nodes().values()}
-            node = rng.choice([n for n in self.od_nodes() if n in hosting] or self.od_nodes())
-            cmd = [str(toolchain.binary("kubectl")), "--kubeconfig", str(self.kubeconfig), "drain", node,
-                   "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=90s"]  # fmt: skip
-            with open(self.run_dir / "drains.log", "ab") as log:
-                self.drain = (node, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
-            self.event(f"od-drain: kubectl drain {node}")
+            if kind == "store-node-drain" and not store:
+                return None
+            hosting = {store, *self.worker_nodes().values()}
+            node = store if kind == "store-node-drain" else None
+            node = node or rng.choice([n for n in self.od_nodes() if n in hosting] or self.od_nodes())
+            self.start_drain(node, store=node == store)
+            self.event(f"{kind}: kubectl drain {node}{' (the store runs there)' if node == store else ''}")
             return node
+        if kind == "leader-kill":
+            assert self.replicas is not None
+            return self.replicas.kill_leader(time.monotonic())
+        if kind == "slow-store":
+            return self.slow_store(rng.uniform(*SLOW_PULL_S))
         raise ValueError(kind)
 
+    def start_drain(self, node: str, store: bool) -> None:
+        cmd = [str(toolchain.binary("kubectl")), "--kubeconfig", str(self.kubeconfig), "drain", node,
+               "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=90s"]  # fmt: skip
+        with open(self.run_dir / "drains.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.drain = Drain(node, proc, time.monotonic(), store)
+
+    def slow_store(self, pull_s: float) -> str | None:
+        """Every on-demand node "pulls" for ``pull_s`` before a pod starts; then the store is killed."""
+        stores = self.pods_of(self.name, "rendezvous")
+        if not stores or self.slow is not None:
+            return None
+        for node in self.od_nodes():
+            self.kubectl("annotate", "node", node, f"{PULL_SECONDS_ANNOTATION}={pull_s:.0f}", "--overwrite")
+        pod = stores[0]["metadata"]
+        self.kubectl("delete", "pod", pod["name"], "-n", self.ns, "--wait=false",
+                     "--grace-period=0", "--force")  # fmt: skip
+        self.slow = {"killed": pod["uid"], "pull_s": round(pull_s), "at": time.monotonic()}
+        self.event(f"slow-store: {pod['name']} killed; its replacement pulls for {pull_s:.0f} s")
+        return str(pod["name"])
+
+    def watch_slow_store(self, now: float) -> None:
+        """The slow start-up is over when a new store runs: record it and take the pull delay off."""
+        if self.slow is None:
+            return
+        running = [
+            p for p in self.pods_of(self.name, "rendezvous")
+            if p["status"].get("phase") == "Running" and p["metadata"]["uid"] != self.slow["killed"]
+        ]  # fmt: skip
+        if not running:
+            return
+        done = {"pull_s": self.slow["pull_s"], "store_back_after_s": round(now - self.slow["at"], 1)}
+        self.slow_stores.append(done)
+        for node in self.od_nodes():
+            self.kubectl("annotate", "node", node, f"{PULL_SECONDS_ANNOTATION}-", check=False)
+        self.event(f"slow-store: a new store runs {done['store_back_after_s']} s after the kill")
+        self.slow = None
+
     def restart_operator(self) -> None:
-        """SIGKILL the operator (no clean shutdown) and start a new one with the command `Demo.start` used."""
-        old = self.procs[1]
-        old.send_signal(signal.SIGKILL)
-        old.wait(30)
-        with open(self.run_dir / "operator.log", "ab") as log:
-            log.write(f"\n==== chaos: operator SIGKILLed (pid {old.pid}), starting a new one ====\n".encode())
-            log.flush()
-            self.procs[1] = subprocess.Popen(
-                old.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+        """SIGKILL every replica (no clean shutdown, the Lease is not released) and start new ones."""
+        assert self.replicas is not None
+        killed = self.replicas.kill_all()
         self.operator_restarts += 1
-        self.event(f"operator-restart: pid {old.pid} killed, new pid {self.procs[1].pid}")
+        self.event(f"operator-restart: replicas {', '.join(killed)} killed, new ones started")
+
+
+@dataclass
+class Drain:
+    """A `kubectl drain` under way."""
+
+    node: str
+    proc: subprocess.Popen[bytes]
+    started: float
+    store: bool  # the store ran on the node when the drain began
+
+    def record(self, now: float) -> JSON:
+        return {
+            "node": self.node,
+            "store_node": self.store,
+            "seconds": round(now - self.started, 1),
+            "exit": self.proc.returncode,
+        }
 
 
 def check_samples(run_dir: Path, epochs: int) -> JSON:
@@ -418,6 +505,7 @@ def main(argv: list[str]) -> int:
     succeeded = result.phase == "Succeeded"
     enough = len(demo.done) >= args.min_events
     no_failures = not status.get("failures")
+    drains_ok = all(d["exit"] == 0 for d in demo.drains)
     bad_ok = demo.bad["failed_after_s"] is not None and bool(demo.bad["error"])
     summary = {
         "seed": args.seed,
@@ -439,6 +527,16 @@ def main(argv: list[str]) -> int:
             for r in status.get("resizeHistory") or []
         ],
         "failures": status.get("failures"),
+        "max_steps_lost": max(
+            (r.get("stepsLost") or 0 for r in status.get("resizeHistory") or []), default=0
+        ),
+        "drains": demo.drains,
+        "drains_completed": drains_ok,
+        "leader_failovers": [
+            {"killed": f.killed, "new_leader": f.new_leader, "seconds": f.seconds}
+            for f in (demo.replicas.failovers if demo.replicas else [])
+        ],
+        "slow_stores": demo.slow_stores,
         "conditions": [
             {k: c.get(k) for k in ("type", "status", "reason", "message")}
             for c in status.get("conditions") or []
@@ -446,7 +544,7 @@ def main(argv: list[str]) -> int:
         "wall_s": round(time.monotonic() - t_start, 1),
     }
     print(json.dumps(summary, indent=2))
-    return 0 if succeeded and samples["ok"] and enough and no_failures and bad_ok else 1
+    return 0 if succeeded and samples["ok"] and enough and no_failures and bad_ok and drains_ok else 1
 
 
 if __name__ == "__main__":

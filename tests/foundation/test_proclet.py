@@ -38,8 +38,10 @@ from etj_testbed.localcluster.proclet.kube import Kube
 from etj_testbed.localcluster.proclet.nodes import (
     INSTANCE_LABEL,
     NODE_RUNTIME_LABEL,
+    PULL_SECONDS_ANNOTATION,
     node_status_patch,
     process_node,
+    pull_seconds,
     selector_for,
 )
 from etj_testbed.localcluster.proclet.proc import MARK_ROOT, is_running, reap_marked
@@ -213,6 +215,21 @@ def test_process_node_is_labelled_like_a_pool_but_not_for_kwok() -> None:
     assert any(c["type"] == "Ready" and c["status"] == "True" for c in patch["conditions"])
 
 
+PULL_CASES = {
+    "no node": (None, 0.0),
+    "no annotation": ({"metadata": {"name": "n"}}, 0.0),
+    "seconds": ({"metadata": {"annotations": {PULL_SECONDS_ANNOTATION: "75"}}}, 75.0),
+    "negative is none": ({"metadata": {"annotations": {PULL_SECONDS_ANNOTATION: "-5"}}}, 0.0),
+    "not a number is none": ({"metadata": {"annotations": {PULL_SECONDS_ANNOTATION: "slow"}}}, 0.0),
+}
+
+
+@pytest.mark.parametrize("case", PULL_CASES)
+def test_the_simulated_image_pull_comes_from_the_node_annotation(case: str) -> None:
+    node, want = PULL_CASES[case]
+    assert pull_seconds(node) == want
+
+
 def test_reap_marked_kills_escaped_processes_by_marker(tmp_path: Path) -> None:
     env = {**os.environ, MARK_ROOT: str(tmp_path)}
     proc = subprocess.Popen(
@@ -384,6 +401,20 @@ def test_an_empty_dir_at_tmp_becomes_a_short_per_pod_tmpdir(bed: Bed) -> None:
     runner = bed.harness.runner(bed.ns, "tmp")
     assert runner is not None and Path(real) == (runner.dir / "volumes" / "tmp").resolve()
     bed.cluster.wait_for("the short link to go with the pod", lambda: not Path(tmpdir).is_symlink())
+
+
+@pytest.mark.cluster
+def test_a_pod_on_a_slow_pulling_node_waits_and_can_be_deleted_meanwhile(bed: Bed, tmp_path: Path) -> None:
+    slow, fast = bed.node("slow"), bed.node("fast")
+    bed.cluster.kubectl("annotate", "node", slow, f"{PULL_SECONDS_ANNOTATION}=600")
+    ran = tmp_path / "ran"
+    bed.pod("pulling", slow, f"open({str(ran)!r}, 'w').write('ran')")
+    bed.pod("control", fast, "print('ok')")
+    bed.wait_phase("control", "Succeeded")  # the harness has started pods since: the slow one is pulling
+    assert bed.phase("pulling") == "Pending" and not ran.exists()
+    bed.cluster.kubectl("delete", "pod", "pulling", "-n", bed.ns, "--wait=false")
+    bed.cluster.wait_for("the pulling pod to be gone", lambda: bed.get("pulling") is None, timeout=60)
+    assert not ran.exists()
 
 
 @pytest.mark.cluster

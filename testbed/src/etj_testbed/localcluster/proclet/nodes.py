@@ -20,6 +20,9 @@ NODE_RUNTIME_PROCESS = "process"
 # one cluster never run each other's pods: start each with selector `...,etj.dev/proclet=<instance>`.
 INSTANCE_LABEL = "etj.dev/proclet"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+# A node annotated with this many seconds makes every pod that starts on it wait that long before its first
+# container runs, as a kubelet pulling a large image would (the chaos bench's slow store start-up).
+PULL_SECONDS_ANNOTATION = "etj.dev/proclet-image-pull-seconds"
 
 
 def process_node(
@@ -44,6 +47,17 @@ def process_node(
     if instance:
         labels[INSTANCE_LABEL] = instance
     return node
+
+
+def pull_seconds(node: JSON | None) -> float:
+    """The simulated image pull of a pod starting on ``node``: its annotation, 0 when absent or unreadable."""
+    raw = (((node or {}).get("metadata") or {}).get("annotations") or {}).get(PULL_SECONDS_ANNOTATION)
+    try:
+        return max(0.0, float(raw)) if raw is not None else 0.0
+    except ValueError:
+        log.warning("node %s: %s=%r is not a number of seconds; no pull delay",
+                    (node or {}).get("metadata", {}).get("name"), PULL_SECONDS_ANNOTATION, raw)  # fmt: skip
+        return 0.0
 
 
 def selector_for(instance: str | None = None) -> str:

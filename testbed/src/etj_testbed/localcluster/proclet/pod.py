@@ -33,6 +33,7 @@ from etj_testbed.localcluster.proclet.env import (
     substitute_services,
 )
 from etj_testbed.localcluster.proclet.kube import Kube, delete_pod, now_rfc3339, pod_path
+from etj_testbed.localcluster.proclet.nodes import pull_seconds
 from etj_testbed.localcluster.proclet.proc import MARK_POD, MARK_ROOT, env_name, killpg, probe, reap_marked
 from etj_testbed.localcluster.proclet.status import ContainerRun, pod_status
 
@@ -192,6 +193,8 @@ class PodRunner:
                 }
             self._report("Failed")
             return
+        if not self.recovered and not self._pulled():
+            return
         inits = [r for r in self._runs.values() if r.init]
         for run in inits:
             while not self._stopping():
@@ -322,6 +325,17 @@ class PodRunner:
         for svc, ns in names - set(ips):
             log.warning("pod %s: %s.%s.svc has no endpoint; left unresolved", self.key, svc, ns)
         return ips
+
+    def _pulled(self) -> bool:
+        """Wait out the node's simulated image pull (its annotation); False if the pod goes meanwhile."""
+        node = self.ctx.kube.get_or_none(f"/api/v1/nodes/{self.pod['spec'].get('nodeName')}")
+        until = time.monotonic() + pull_seconds(node)
+        if until > time.monotonic():
+            log.info("pod %s: pulling its image for %.0f s (node annotation)", self.key, pull_seconds(node))
+        while time.monotonic() < until and not self._stopping():
+            self._wake.wait(min(POLL_S * 4, max(0.0, until - time.monotonic())))
+            self._wake.clear()
+        return not self._stopping()
 
     def _wait_exit(self, run: ContainerRun) -> int | None:
         while run.proc is not None and run.proc.poll() is None:
