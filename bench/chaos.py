@@ -44,10 +44,12 @@ Prints one JSON object; exits 1 otherwise. Runs on a private cluster (``ETJ_CLUS
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import json
 import os
 import random
+import secrets
 import signal
 import subprocess
 import sys
@@ -66,6 +68,7 @@ if str(REPO) not in sys.path:  # run as a script: bench/ is sys.path[0], the rep
 from bench.chaos_replicas import Replicas, leader_flags, lease_path  # noqa: E402
 
 from etj_contract.ports import PROGRESS_PORT  # noqa: E402
+from etj_operator.decide.names import TOKEN_KEY, token_secret_name  # noqa: E402
 from etj_testbed.demo.local import Demo  # noqa: E402
 from etj_testbed.demo.script import GROUP_PATH, SPOT_ITN, Script  # noqa: E402
 from etj_testbed.demo.view import logged_accuracy  # noqa: E402
@@ -243,9 +246,11 @@ class ChaosDemo(Demo):
         path = f"{GROUP_PATH}/namespaces/{self.ns}/elastictrainingjobs/{BAD_JOB}"
         status = (self.kube.get_or_none(path) or {}).get("status") or {}
         if self.bad["error"] is None:
+            token = self.progress_token(BAD_JOB)
             for pod in self.pods_of(BAD_JOB, "rendezvous"):
                 ip = (pod.get("status") or {}).get("podIP")
-                doc = get_json(f"http://{ip}:{PROGRESS_PORT}/progress", timeout=1.0) if ip else None
+                url = f"http://{ip}:{PROGRESS_PORT}/progress"
+                doc = get_json(url, timeout=1.0, token=token) if ip and token else None
                 if doc and doc.get("lastError"):
                     self.bad["error"] = doc["lastError"]
                     self.bad["error_after_s"] = round(time.monotonic() - t0, 1)
@@ -255,6 +260,12 @@ class ChaosDemo(Demo):
             self.bad["failures"] = status.get("failures")
             self.bad["message"] = status.get("message")
             self.event(f"{BAD_JOB} Failed after {self.bad['failed_after_s']} s")
+
+    def progress_token(self, job: str) -> str | None:
+        """The job's progress token, from the Secret the operator made (the store refuses a GET without)."""
+        secret = self.kube.get_or_none(f"/api/v1/namespaces/{self.ns}/secrets/{token_secret_name(job)}")
+        raw = ((secret or {}).get("data") or {}).get(TOKEN_KEY)
+        return base64.b64decode(raw).decode() if raw else None
 
     def pods_of(self, job: str, role: str) -> list[JSON]:
         sel = f"etj.dev/job={job},etj.dev/role={role}"
@@ -467,6 +478,10 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     os.environ.setdefault("ETJ_CLUSTER_NAME", "chaos")
     os.environ.setdefault("ETJ_CLUSTER_PORT_BASE", "18400")
+    # One token key for every operator replica, as the chart's Secret gives them: with a random key each, a
+    # new leader's tokens do not match the stores' and it cannot read any job's progress (seen here: 401s
+    # and a frozen status after the first restart).
+    os.environ.setdefault("ETJ_OPERATOR_TOKEN_KEY", secrets.token_hex(32))
     from etj_testbed.localcluster import toolchain
     from etj_testbed.localcluster.cluster import LocalCluster
 
