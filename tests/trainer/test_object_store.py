@@ -9,15 +9,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from tests.trainer.s3server import S3Server, s3_server
 
 from etj_trainer.checkpoint.object_store import ObjectDir, S3Location, client_from_env
 from etj_trainer.checkpoint.store import CheckpointStore, encode
+from etj_trainer.resize.state_sync import agree_on_checkpoint
 
 
 @pytest.fixture
@@ -60,6 +63,54 @@ def test_object_store_keeps_the_newest_verified_checkpoints(s3: S3Server, tmp_pa
     assert torch.equal(latest.state["w"], torch.full((4,), 30.0))
     # Another prefix in the same bucket is another job's.
     assert ObjectDir("s3://etj/jobs/b").names() == []
+
+
+RESTORES = {
+    # local copies per rank -> (step every rank restores, source rank, downloads)
+    "fresh-nodes": ({}, (30, 0, 1)),  # the bucket's step, downloaded once for the world
+    "older-survivor": ({1: 10}, (30, 0, 1)),  # a survivor's older copy: the bucket still wins, still once
+    "newer-survivor": ({2: 40}, (40, 2, 0)),  # a survivor's newer copy: no download at all
+}
+
+
+def _restore(rank: int, world: int, root: str) -> None:
+    """One rank of a world restarting once per case: its own copy (if any), the bucket, downloads counted."""
+    dist.init_process_group("gloo", init_method=f"file://{root}/init", rank=rank, world_size=world)
+    for case, (local_steps, _) in RESTORES.items():
+        local = Path(root, case, f"local-{rank}")
+        store = CheckpointStore(None, local, shared_objects=ObjectDir(f"s3://etj/jobs/{case}"))
+        if rank in local_steps:
+            CheckpointStore(None, local).save(_state(local_steps[rank]), local_steps[rank], shared=False)
+        assert store.shared_objects is not None
+        read = store.shared_objects.read
+
+        def counted(name: str, read: Callable[[str], bytes] = read, case: str = case) -> bytes:
+            with open(Path(root, case, "downloads"), "a") as f:
+                f.write(f"{rank} {name}\n")
+            return read(name)
+
+        store.shared_objects.read = counted  # type: ignore[method-assign]
+        state, src = agree_on_checkpoint(store, rank, world)
+        assert state is not None
+        step, w = state["step"], float(state["w"][0])  # type: ignore[index]
+        Path(root, case, f"got-{rank}").write_text(f"{step} {w} {src}")
+    dist.destroy_process_group()
+
+
+def test_a_world_restores_with_at_most_one_download(s3: S3Server, tmp_path: Path) -> None:
+    """Issue 26: every rank downloaded and decoded the S3 checkpoint on a restart (N GETs of a large file)."""
+    for case in RESTORES:
+        (tmp_path / case).mkdir()
+        shared = CheckpointStore(None, None, shared_objects=ObjectDir(f"s3://etj/jobs/{case}"))
+        for step in (20, 30):
+            shared.save(_state(step), step, shared=True)
+    mp.spawn(_restore, args=(3, str(tmp_path)), nprocs=3, join=True)
+    for case, (_, (want_step, want_src, want_downloads)) in RESTORES.items():
+        got = {Path(tmp_path, case, f"got-{r}").read_text() for r in range(3)}
+        assert got == {f"{want_step} {float(want_step)} {want_src}"}, case
+        downloads = tmp_path / case / "downloads"
+        lines = downloads.read_text().splitlines() if downloads.exists() else []
+        assert len(lines) == want_downloads and all(x.startswith("0 ") for x in lines), (case, lines)
 
 
 def test_an_unreachable_store_does_not_stop_a_restore_from_the_local_copy(tmp_path: Path) -> None:

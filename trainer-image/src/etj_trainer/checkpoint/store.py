@@ -200,10 +200,28 @@ class CheckpointStore:
 
     def latest(self) -> LoadedCheckpoint | None:
         """Newest verified checkpoint across the local and the shared copy."""
-        candidates = [c for d in (self.local_dir, self.shared_dir) if d is not None if (c := load_latest(d))]
-        if self.shared_objects is not None and (c := load_latest_object(self.shared_objects)):
-            candidates.append(c)
+        candidates = [c for c in (self.latest_on_node(), self.latest_object()) if c is not None]
         return max(candidates, key=lambda c: c.step, default=None)
+
+    def latest_on_node(self) -> LoadedCheckpoint | None:
+        """Newest verified checkpoint among the copies a file system holds (local, PVC): no download."""
+        candidates = [c for d in (self.local_dir, self.shared_dir) if d is not None if (c := load_latest(d))]
+        return max(candidates, key=lambda c: c.step, default=None)
+
+    def latest_object(self) -> LoadedCheckpoint | None:
+        """Newest verified checkpoint in the object store (downloaded and decoded); None without one."""
+        return load_latest_object(self.shared_objects) if self.shared_objects is not None else None
+
+    def newest_object_step(self) -> int:
+        """The newest step the object store lists (a LIST, nothing downloaded); -1 for none or unreachable."""
+        if self.shared_objects is None:
+            return -1
+        try:
+            found = _steps(self.shared_objects.names())
+        except Exception as e:  # as load_latest_object: an unreachable store is no checkpoint
+            log.warning("cannot list checkpoints in %s: %s", self.shared_objects, e)
+            return -1
+        return found[0][0] if found else -1
 
 
 def cpu_copy(obj: Any) -> Any:

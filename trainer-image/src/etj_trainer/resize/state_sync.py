@@ -21,21 +21,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from etj_trainer.checkpoint.store import CheckpointStore, decode
+from etj_trainer.checkpoint.store import CheckpointStore, LoadedCheckpoint, decode
 
 
 def agree_on_checkpoint(
     store: CheckpointStore, rank: int, world_size: int
 ) -> tuple[dict[str, Any] | None, int]:
-    """Returns (state or None, source rank) on every rank; collective when ``world_size > 1``."""
-    local = store.latest()
-    my_step = local.step if local is not None else -1
+    """Returns (state or None, source rank) on every rank; collective when ``world_size > 1``.
+
+    The object store is read once per world, not once per rank: each rank offers what its own file
+    systems hold, then rank 0 alone downloads from the bucket, and only when the bucket lists a step newer
+    than every rank's copy (a restart on fresh nodes). The broadcast below gives it to the others.
+    """
     if world_size == 1 or not dist.is_initialized():
+        local = store.latest()
         return (local.state if local else None), rank
-    steps = torch.tensor([my_step], dtype=torch.int64)
-    gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
-    dist.all_gather(gathered, steps)
-    all_steps = [int(t.item()) for t in gathered]
+    local = store.latest_on_node()
+    all_steps = _gather_steps(local, world_size)
+    if store.shared_objects is not None:
+        if rank == 0 and store.newest_object_step() > max(all_steps):
+            remote = store.latest_object()  # the newest listed may not verify: then an older one
+            if remote is not None and remote.step > _step(local):
+                local = remote
+        all_steps = _gather_steps(local, world_size)
     best = max(all_steps)
     if best < 0:
         return None, 0
@@ -45,6 +53,17 @@ def agree_on_checkpoint(
     if rank == src and local is not None:
         return local.state, src
     return decode(obj[0]), src
+
+
+def _step(checkpoint: LoadedCheckpoint | None) -> int:
+    return checkpoint.step if checkpoint is not None else -1
+
+
+def _gather_steps(checkpoint: LoadedCheckpoint | None, world_size: int) -> list[int]:
+    """Every rank's newest step (-1 for none), in rank order."""
+    gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+    dist.all_gather(gathered, torch.tensor([_step(checkpoint)], dtype=torch.int64))
+    return [int(t.item()) for t in gathered]
 
 
 # ---- live state from a peer, tensor by tensor -------------------------------------------------------------
