@@ -364,7 +364,10 @@ class ChaosDemo(Demo):
             return node
         if kind == "leader-kill":
             assert self.replicas is not None
-            return self.replicas.kill_leader(time.monotonic())
+            killed = self.replicas.kill_leader(time.monotonic())
+            if killed is not None:
+                self.event(f"leader-kill: {killed} (held the Lease) SIGKILLed; a new replica started")
+            return killed
         if kind == "slow-store":
             return self.slow_store(rng.uniform(*SLOW_PULL_S))
         raise ValueError(kind)
