@@ -3,11 +3,15 @@ others."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from datetime import timedelta
 
 from torch.distributed import TCPStore
 
 from etj_trainer.agent.first_round import arrivals_key, wait_for_startup_peers
+from etj_trainer.agent.worker import startup_gate
 
 
 def _store() -> TCPStore:
@@ -79,3 +83,39 @@ class _Notify:
         n = int(self.store.add(key, value))
         self.counted.set()
         return n
+
+
+STORE_SERVER = """
+import sys, time
+from torch.distributed import TCPStore
+store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(store.port, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_store_lost_before_the_first_round_is_not_an_agent_failure() -> None:
+    """Seen in the chaos bench: a replacement worker built its handler, then the store was killed; the
+    start-up wait's read raised DistNetworkError, the agent exited 1 and the operator counted a failure."""
+    server = subprocess.Popen([sys.executable, "-c", STORE_SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        client.add(arrivals_key("r"), 0)  # connected
+        server.kill()
+        server.wait(30)
+        gate = startup_gate(client, "r", expected=2, bound_s=60, door_open=lambda: True)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert gate.store_lost and not gate.complete and not gate.door_open
+
+
+def test_the_gate_reports_the_wait_and_the_door() -> None:
+    store = _store()
+    store.add(arrivals_key("r"), 1)  # one peer already in
+    gate = startup_gate(store, "r", expected=2, bound_s=60, door_open=lambda: True)
+    assert gate.complete and gate.door_open and not gate.store_lost
+    alone = startup_gate(store, "solo", expected=1, bound_s=60, door_open=lambda: False)
+    assert not alone.complete and not alone.door_open and not alone.store_lost

@@ -40,7 +40,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from etj_contract import env as etj_env
@@ -188,6 +189,48 @@ def _first_handler(cfg: AgentConfig) -> tuple[Any, Any] | None:
         return None
 
 
+@dataclass(frozen=True)
+class Gate:
+    """What an agent learns before its first round: are its start-up peers in, is a world running?"""
+
+    complete: bool  # every expected agent arrived (the first round then waits for all of them)
+    door_open: bool  # a running world admits joiners in place
+    store_lost: bool = False
+
+
+def startup_gate(
+    store: Any,
+    run_id: str,
+    expected: int,
+    bound_s: float,
+    door_open: Callable[[], bool],
+) -> Gate:
+    """The start-up wait and the door check, outliving the store.
+
+    The store can go between the first handler's build and these reads (a store pod killed or drained
+    while a replacement worker starts). Raising here ended the agent with exit 1, a counted worker failure
+    for what is store loss (seen in the chaos bench: two failures in one run). Now the agent goes on to its
+    first round, where the reconnecting handler waits for the new store like any other store loss.
+    """
+    from etj_trainer.agent.first_round import wait_for_startup_peers
+    from etj_trainer.agent.store_link import STORE_ERRORS
+
+    try:
+        complete = False
+        if expected > 1:
+            wait = wait_for_startup_peers(store, run_id, expected, bound_s)
+            complete = wait.complete
+            print(
+                f"etj-train worker: start-up: {wait.arrived} of {wait.expected} workers arrived"
+                f" after {wait.waited_s:.2f} s",
+                flush=True,
+            )
+        return Gate(complete=complete, door_open=door_open())
+    except STORE_ERRORS as e:
+        print(f"etj-train worker: rendezvous store lost before the first round ({e}); going on", flush=True)
+        return Gate(complete=False, door_open=False, store_lost=True)
+
+
 def _first_round(cfg: AgentConfig, warmup: threading.Thread | None) -> Any:
     """The first rendezvous handler, or an exit code: the store never answered (1), or this node joined
     the running world in place and is done (run_joiners)."""
@@ -202,23 +245,19 @@ def _first_round(cfg: AgentConfig, warmup: threading.Thread | None) -> Any:
     if built is None:
         return 1
     first, store = built
-    complete = False
-    if cfg.startup_workers > 1:
-        from etj_trainer.agent.first_round import wait_for_startup_peers
-
-        wait = wait_for_startup_peers(store, cfg.run_id, cfg.startup_workers, cfg.startup_wait_s)
-        complete = wait.complete
-        print(
-            f"etj-train worker: start-up: {wait.arrived} of {wait.expected} workers arrived"
-            f" after {wait.waited_s:.2f} s",
-            flush=True,
-        )
     # Read once (each read is a store connection): a running world admits joiners at a step boundary.
-    if door_open(cfg.endpoint, cfg.run_id):
+    gate = startup_gate(
+        store,
+        cfg.run_id,
+        cfg.startup_workers,
+        cfg.startup_wait_s,
+        lambda: door_open(cfg.endpoint, cfg.run_id),
+    )
+    if gate.door_open:
         rc = run_joiners(cfg)
         if rc is not None:
             return rc
-    elif complete:
+    elif gate.complete:
         # The first round also waits for all of them (bounded), not the last call only: on a busy
         # node an agent that has arrived can take longer than the last call to join the round.
         first_round_min_nodes(
