@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from etj_operator.k8s.client import KubeClient
@@ -136,10 +137,18 @@ class RecordingKube(KubeClient):
     def __init__(self) -> None:
         super().__init__(client.ApiClient())
         self.patches: list[dict[str, Any]] = []
+        self.versions: list[str | None] = []  # the resourceVersion each status write was based on
+        self.conflict = False  # answer the next write as the apiserver does a stale one (409: None)
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+    async def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        self.versions.append(resource_version)
+        if self.conflict:
+            self.conflict = False
+            return None
         self.patches.append(status)
-        return {"status": status}
+        return {"status": status, "metadata": {"resourceVersion": f"{resource_version}+1"}}
 
     async def delete_pod(self, *args: Any, **kwargs: Any) -> None:
         return None
@@ -183,6 +192,47 @@ def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> 
     assert kube.patches, "no status written"
     assert kube.patches[-1]["phase"] == "Succeeded"
     assert kube.patches[-1]["progress"]["accuracy"] == 0.98
+
+
+def test_status_writes_carry_the_version_they_were_computed_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optimistic concurrency (issue 26): each status write names the job's resourceVersion its plan read;
+    after a conflict the next plan starts again from the job as watched, not from our cached status."""
+    import kopf
+
+    from tests.operator.factories import spec, started
+
+    monkeypatch.setattr(kopf, "event", lambda *a, **kw: None)  # Events need kopf's running context
+
+    world = StaticWorld([worker(0, "n0"), worker(1, "n1")])
+    kube = RecordingKube()
+    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=0), StoreClient())
+
+    def body(version: str, current: int) -> dict[str, Any]:
+        return {
+            "metadata": {
+                "name": "train",
+                "namespace": "ns",
+                "uid": "",
+                "generation": 1,
+                "resourceVersion": version,
+            },
+            "spec": spec().model_dump(mode="json", by_alias=True, exclude_none=True),
+            "status": started(current).to_patch(),
+        }
+
+    async def rounds() -> None:
+        runner.body = body("41", 4)  # the status says 4 workers, 2 run: the plan writes a new status
+        await runner.reconcile()
+        assert kube.versions == ["41"] and runner.status_version == "41+1"
+        kube.conflict = True  # someone else wrote meanwhile
+        runner.status = runner.status.model_copy(update={"current_replicas": 3}) if runner.status else None
+        await runner.reconcile()
+        assert kube.versions[-1] == "41+1" and runner.status is None and runner.status_version is None
+        runner.body = body("57", 4)  # the watch delivers the job as it is now
+        await runner.reconcile()
+        assert kube.versions[-1] == "57"
+
+    asyncio.run(rounds())
 
 
 def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() -> None:

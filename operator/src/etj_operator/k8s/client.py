@@ -125,16 +125,26 @@ class KubeClient:
             ok=frozenset({409}),
         )
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patch the status subresource (lists replaced whole: callers send full lists)."""
-        body = {"status": status}
+    async def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        """Merge-patch the status subresource (lists replaced whole: callers send full lists).
+
+        With ``resource_version`` the patch applies only to that version of the job (optimistic
+        concurrency): the status was computed from it, and its counters (failures, resizes) are absolute
+        numbers, so a patch over a newer status (another operator replica, a user's edit) would lose or
+        double-count. A conflict is not retried: None tells the caller to re-read and plan again.
+        """
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         result = await self._call(
             "patch",
             "elastictrainingjobs/status",
             lambda: self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, PLURAL, name, body
             ),
-            ok=frozenset({404}),
+            ok=frozenset({404, 409}) if resource_version else frozenset({404}),
         )
         return result if isinstance(result, dict) else None
 

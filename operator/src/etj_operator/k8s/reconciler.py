@@ -57,6 +57,8 @@ class JobRunner:
         self.body: Mapping[str, Any] | None = None
         self.kick = asyncio.Event()
         self.status: ElasticTrainingJobStatus | None = None  # last status we wrote (the index may lag)
+        self.status_version: str | None = None  # the job's resourceVersion that status belongs to
+        self.planned_version: str | None = None  # the version this round's plan was computed from
         self.expect_create: dict[str, tuple[PodInfo, float]] = {}
         self.expect_delete: dict[str, tuple[str, float]] = {}  # name → (uid, deadline)
         self.store = StoreLink(store_http, settings.progress_port, self._token)
@@ -98,7 +100,7 @@ class JobRunner:
                 log.exception(
                     "reconcile of %s/%s failed; retrying in %.0fs", self.namespace, self.name, backoff
                 )
-                self.status = None  # re-read status from the job next time
+                self.status = self.status_version = None  # re-read status from the job next time
                 timeout, backoff = backoff, min(backoff * 2, 30.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.kick.wait(), timeout)
@@ -134,9 +136,10 @@ class JobRunner:
             # The apiserver validates the same rules; this only happens with a CRD older than the operator.
             log.error("job %s/%s has an invalid spec: %s", self.namespace, self.name, exc)
             return None
-        status = self.status
+        status, self.planned_version = self.status, self.status_version
         if status is None:
             status = ElasticTrainingJobStatus.model_validate(body.get("status") or {})
+            self.planned_version = meta.get("resourceVersion")
         return JobView(
             self.name,
             self.namespace,
@@ -295,11 +298,14 @@ class JobRunner:
         new = result.status.to_patch()
         if new == job.status.to_patch():
             return
-        response = await self.kube.patch_status(job.namespace, job.name, new)
+        response = await self.kube.patch_status(job.namespace, job.name, new, self.planned_version)
         if response is None:
-            self.status = None
+            # Gone, or changed since we read it (409): plan again from the job as the watch delivers it
+            # (the change that conflicted arrives as an event, which kicks this loop).
+            self.status = self.status_version = None
             return
         self.status = ElasticTrainingJobStatus.model_validate(response.get("status") or {})
+        self.status_version = (response.get("metadata") or {}).get("resourceVersion")
         spec_max, current = result.status.desired_replicas or 0, result.status.current_replicas or 0
         METRICS.desired_workers.labels(job.namespace, job.name).set(spec_max)
         METRICS.current_workers.labels(job.namespace, job.name).set(current)
