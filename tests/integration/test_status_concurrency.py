@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.client import KubeClient, StatusConflict
 from tests.integration.opbed import Bed
 from tests.plugins.cluster import Cluster
 
@@ -24,13 +24,15 @@ def test_a_status_from_a_stale_version_is_refused(bed: Bed, cluster: Cluster) ->
     async def writes() -> tuple[Any, Any, Any]:
         kube = KubeClient(cluster.api_client())
         first = await kube.patch_status(bed.ns, "counted", {"failures": 1}, v0)
-        stale = await kube.patch_status(bed.ns, "counted", {"failures": 1}, v0)  # same base: a double count
-        v1 = (first or {}).get("metadata", {}).get("resourceVersion")
+        with pytest.raises(StatusConflict):  # 409: the caller plans again on the job as it is now
+            await kube.patch_status(bed.ns, "counted", {"failures": 1}, v0)  # same base: a double count
+        now = await kube.get_job(bed.ns, "counted")
+        v1 = (now or {}).get("metadata", {}).get("resourceVersion")
         fresh = await kube.patch_status(bed.ns, "counted", {"failures": 2}, v1)
-        return first, stale, fresh
+        return first, now, fresh
 
-    first, stale, fresh = asyncio.run(writes())
+    first, now, fresh = asyncio.run(writes())
     assert first is not None and first["status"]["failures"] == 1
-    assert stale is None  # 409: the caller re-reads and plans again
+    assert now is not None and now["status"]["failures"] == 1
     assert fresh is not None and fresh["status"]["failures"] == 2
     assert bed.status("counted")["failures"] == 2
