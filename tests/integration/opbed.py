@@ -190,7 +190,9 @@ class Bed:
 
 
 @contextlib.contextmanager
-def operator_and_a_store_node(bed: Bed, cluster: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
+def operator_and_a_store_node(
+    bed: Bed, cluster: Cluster, tmp_path: Path, *extra: str
+) -> Iterator[OperatorProcess]:
     """The operator reading progress every second, and an on-demand process node where the job's store runs
     for real (a proclet runs its pod as a process): for tests that speak to the store as the operator does.
     Worker pods stay kwok pods on the test's own nodes."""
@@ -199,7 +201,7 @@ def operator_and_a_store_node(bed: Bed, cluster: Cluster, tmp_path: Path) -> Ite
     instance = f"p{uuid.uuid4().hex[:6]}"
     proclet = Proclet(cluster.kubeconfig, root=tmp_path / "proclet", selector=selector_for(instance)).start()
     op = OperatorProcess(
-        cluster.kubeconfig, bed.ns, tmp_path / "operator.log", "--progress-seconds=1"
+        cluster.kubeconfig, bed.ns, tmp_path / "operator.log", "--progress-seconds=1", *extra
     ).start()
     store_node = f"{bed.ns}-store"[:63]
     try:

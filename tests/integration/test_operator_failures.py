@@ -4,6 +4,7 @@ refuses (here a ResourceQuota) becomes a condition and a Warning Event, and stat
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -12,7 +13,8 @@ from kubernetes import client
 
 from etj_contract.ports import PROGRESS_PORT
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_trainer.core.progress import get_json, report_error
+from etj_operator.decide.crash_loop import CRASH_COLLAPSE_S
+from etj_trainer.core.progress import get_json, post_json, report_error
 from tests.integration.opbed import (
     Bed,
     OperatorProcess,
@@ -259,3 +261,112 @@ def test_a_worker_that_crashed_on_a_node_is_replaced_on_another_one(
     status = bed.status("crashy")
     assert [a["node"] for a in status["avoidedNodes"]] == [bad], status
     assert status["failures"] == 1 and len(status["failureTimes"]) == 1, status
+
+
+def _store_url_and_token(bed: Bed, job: str) -> tuple[str, str]:
+    """The job's progress endpoint on its (real) store, and the job's token, once the store answers."""
+    bed.wait("the store process running", lambda: running_store_ip(bed, job) is not None, 180)
+    secret: Any = bed.core.read_namespaced_secret(f"{job}-etj-token", bed.ns)
+    token = base64.b64decode(secret.data["token"]).decode()
+    url = f"http://{running_store_ip(bed, job)}:{PROGRESS_PORT}/progress"
+    bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 60)
+    return url, token
+
+
+def _report_steps(url: str, token: str, first: int, count: int) -> int:
+    """Rank 0's reports of ``count`` steps, one about every 0.3 s (as the trainer reports them)."""
+    step = first
+    for step in range(first, first + count):
+        post_json(url, {"step": step, "resizes": [], "finished": False}, token=token)
+        time.sleep(0.3)  # the trainer's pace, not a wait for the operator
+    return step
+
+
+def test_crashes_with_progress_between_them_raise_crash_looping_within_two_minutes(
+    bed: Bed, cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 26: each agent restart after some progress started the agent's crash budget again, so the pod
+    never failed, Progressing stayed True and nothing was posted. The store is real (a process node); the
+    test speaks for the worker's agent and rank 0 over the same HTTP the trainer uses."""
+    with operator_and_a_store_node(bed, cluster, tmp_path) as operator:
+        bed.node("spot-0", "spot")
+        bed.custom.create_namespaced_custom_object(
+            GROUP, VERSION, bed.ns, PLURAL, job_manifest("loopy", bed.ns, max_workers=1)
+        )
+        url, token = _store_url_and_token(bed, "loopy")
+        step, first_crash, crashed = 0, 0.0, 0.0
+        for i in range(3):
+            # Training between the crashes: a restart cycle of a few steps, longer than CRASH_COLLAPSE_S
+            # (crashes closer than that are one fault that took its peers down with it).
+            step = _report_steps(url, token, step + 1, 5)
+            while time.monotonic() - crashed < CRASH_COLLAPSE_S + 1:
+                step = _report_steps(url, token, step + 1, 3)
+            # The agent restarting its crashed workers (elastic_agent.count_crash -> report_error(crash=True))
+            assert report_error("RuntimeError: CUDA error: an illegal memory access", url, token, crash=True)
+            crashed = time.monotonic()
+            first_crash = first_crash or crashed
+            if i < 2:
+                bed.wait(
+                    f"crash {i + 1} counted",
+                    lambda n=i + 1: len(bed.status("loopy").get("crashTimes", [])) == n,  # type: ignore[misc]
+                    30,
+                )
+        try:
+            bed.wait(
+                "CrashLooping=True",
+                lambda: _condition(bed, "loopy", "CrashLooping").get("status") == "True",
+                120 - (time.monotonic() - first_crash),
+            )
+        except AssertionError:
+            print(operator.logs(), bed.status("loopy"))
+            raise
+        took = time.monotonic() - first_crash
+        cond = _condition(bed, "loopy", "CrashLooping")
+        assert cond["reason"] == "RepeatedCrashes", cond
+        assert "3 crashes in the last 600 s" in cond["message"] and "illegal memory access" in cond["message"]
+        assert _condition(bed, "loopy", "Progressing")["status"] == "True"  # it did make progress
+        bed.wait(
+            "a CrashLooping Warning Event",
+            lambda: any(
+                e.type == "Warning" and e.reason == "CrashLooping" and "3 crashes" in (e.message or "")
+                for e in bed.events("loopy")
+            ),
+        )
+        print(f"CrashLooping {took:.1f} s after the first crash")
+
+
+def test_a_stall_is_judged_by_the_jobs_own_step_time_not_the_600_s_deadline(
+    bed: Bed, cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 26: the default progressDeadlineSeconds (600) stays; the job steps about every 0.3 s, so it is
+    stalled after the floor (stallFloorSeconds, 20 here), and the planner's own timer notices it: the
+    resync is 300 s and nothing else wakes the job once the reports stop."""
+    with operator_and_a_store_node(bed, cluster, tmp_path, "--resync-seconds=300") as operator:
+        bed.node("spot-0", "spot")
+        manifest = job_manifest("hangs", bed.ns, max_workers=1)
+        manifest["spec"]["failurePolicy"] = {"stallFloorSeconds": 20}
+        bed.custom.create_namespaced_custom_object(GROUP, VERSION, bed.ns, PLURAL, manifest)
+        url, token = _store_url_and_token(bed, "hangs")
+        step = 1
+        while (bed.status("hangs").get("progress") or {}).get("stepSeconds") is None:
+            step = _report_steps(url, token, step + 1, 5)  # until the operator has measured a step time
+        step = _report_steps(url, token, step + 1, 5)
+        last_step = time.monotonic()
+        try:
+            bed.wait(
+                "Progressing=False/ProgressStalled",
+                lambda: _condition(bed, "hangs", "Progressing").get("status") == "False",
+                90,
+            )
+        except AssertionError:
+            print(operator.logs(), bed.status("hangs"))
+            raise
+        took = time.monotonic() - last_step
+        cond = _condition(bed, "hangs", "Progressing")
+        assert cond["reason"] == "ProgressStalled" and f"step {step}" in cond["message"], cond
+        assert 20 <= took < 40, took  # the floor, plus one progress read and the timer's second
+        bed.wait(
+            "a ProgressStalled Warning",
+            lambda: any(e.type == "Warning" and e.reason == "ProgressStalled" for e in bed.events("hangs")),
+        )
+        print(f"ProgressStalled {took:.1f} s after the last step")

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from etj_operator.decide import plan_steps
-from etj_operator.decide.plan_steps import PlanContext, free_slots, next_rendezvous_index
+from etj_operator.decide.plan_steps import PlanContext
+from etj_operator.decide.slots import free_slots, next_rendezvous_index
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason
 from tests.operator.factories import cluster, job, observe, spec, started, store, worker
@@ -20,6 +21,7 @@ def test_the_steps_run_in_the_order_of_the_decision() -> None:
         "recheck_not_ready",
         "drain_crashed",
         "count_failures",
+        "count_crashes",
         "judge_outcome",
         "avoid_failed_nodes",
         "stop_workers",

@@ -519,6 +519,7 @@ def test_every_status_write_carries_the_full_conditions_list() -> None:
         "ReplicaFailure",
         "Progressing",
         "CheckpointVolatile",
+        "CrashLooping",
     ]
     assert result.status.to_patch()["conditions"][0]["status"] == "True"
 

@@ -12,9 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from threading import Thread
 from typing import Any
 
+import pytest
 from kubernetes import client
 
-from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.client import KubeClient, StatusConflict
 from etj_operator.k8s.reconciler import JobRunner
 from etj_operator.k8s.settings import Settings
 from etj_operator.k8s.store_client import StoreClient
@@ -26,11 +27,12 @@ from tests.operator.factories import worker
 class StaticWorld:
     """A World whose indices are whatever the test puts in them (an index that lags our writes)."""
 
-    def __init__(self, pods: list[PodInfo]) -> None:
+    def __init__(self, pods: list[PodInfo], nodes: Mapping[str, NodeInfo] | None = None) -> None:
         self.pods = pods
+        self._nodes = dict(nodes or {})
 
     def nodes(self) -> Mapping[str, NodeInfo]:
-        return {}
+        return self._nodes
 
     def node_usage(self) -> Mapping[str, Mapping[str, int]]:
         return {}
@@ -136,10 +138,22 @@ class RecordingKube(KubeClient):
     def __init__(self) -> None:
         super().__init__(client.ApiClient())
         self.patches: list[dict[str, Any]] = []
+        self.versions: list[str | None] = []  # the resourceVersion each status write was based on
+        self.conflicts = 0  # answer this many writes as the apiserver does a stale one (409)
+        self.current: dict[str, Any] | None = None  # the job as the apiserver has it (get_job)
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+    async def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        self.versions.append(resource_version)
+        if self.conflicts:
+            self.conflicts -= 1
+            raise StatusConflict(f"{name} changed since {resource_version}")
         self.patches.append(status)
-        return {"status": status}
+        return {"status": status, "metadata": {"resourceVersion": f"{resource_version}+1"}}
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.current
 
     async def delete_pod(self, *args: Any, **kwargs: Any) -> None:
         return None
@@ -183,6 +197,103 @@ def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> 
     assert kube.patches, "no status written"
     assert kube.patches[-1]["phase"] == "Succeeded"
     assert kube.patches[-1]["progress"]["accuracy"] == 0.98
+
+
+def _nodes(count: int) -> dict[str, NodeInfo]:
+    from tests.operator.factories import node
+
+    return {f"n{i}": node(f"n{i}") for i in range(count)}
+
+
+def _job_body(version: str, st: Any) -> dict[str, Any]:
+    from tests.operator.factories import spec
+
+    return {
+        "apiVersion": "etj.dev/v1alpha1",
+        "kind": "ElasticTrainingJob",
+        "metadata": {
+            "name": "train",
+            "namespace": "ns",
+            "uid": "",
+            "generation": 1,
+            "resourceVersion": version,
+        },
+        "spec": spec().model_dump(mode="json", by_alias=True, exclude_none=True),
+        "status": st.to_patch(),
+    }
+
+
+def test_status_writes_carry_the_version_they_were_computed_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optimistic concurrency (issue 26): each status write names the job's resourceVersion its plan read;
+    after a conflict the status is planned again on the job as the apiserver has it, and written on its
+    version."""
+    import kopf
+
+    from tests.operator.factories import started
+
+    monkeypatch.setattr(kopf, "event", lambda *a, **kw: None)  # Events need kopf's running context
+
+    world = StaticWorld([worker(0, "n0"), worker(1, "n1")])
+    kube = RecordingKube()
+    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=0), StoreClient())
+
+    async def rounds() -> None:
+        runner.body = _job_body("41", started(4))  # the status says 4 workers, 2 run: a new status
+        await runner.reconcile()
+        assert kube.versions == ["41"] and runner.status_version == "41+1"
+        kube.conflicts = 1  # someone else wrote meanwhile
+        kube.current = _job_body("57", started(3))
+        runner.status = runner.status.model_copy(update={"current_replicas": 3}) if runner.status else None
+        await runner.reconcile()
+        assert kube.versions[-2:] == ["41+1", "57"] and runner.status_version == "57+1"
+
+    asyncio.run(rounds())
+
+
+def test_a_conflicting_status_write_is_planned_again_and_its_events_are_posted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 26: a 409 used to drop the plan's status and Events after its drains were done, so a crashed
+    worker's failure (and its WorkerFailed Warning) was lost: the drained pod is gone from the next plan.
+    Now the plan is computed again on the newer job with the same observation and written on its version:
+    the failure counts once, on top of what the other writer wrote, and the Events are posted."""
+    import kopf
+
+    from tests.operator.factories import started
+
+    posted: list[str] = []
+    monkeypatch.setattr(kopf, "event", lambda *a, **kw: posted.append(kw["reason"]))
+    crashed = worker(3, "n3", phase="Failed", exit_code=1)
+    world = StaticWorld([worker(0, "n0"), worker(1, "n1"), worker(2, "n2"), crashed], _nodes(4))
+    kube = RecordingKube()
+    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=0), StoreClient())
+    runner.body = _job_body("41", started(4, failures=1))
+    kube.conflicts = 1
+    kube.current = _job_body("57", started(4, failures=2))  # another writer counted a failure meanwhile
+
+    asyncio.run(runner.reconcile())
+    assert kube.versions == ["41", "57"]
+    assert [p["failures"] for p in kube.patches] == [3]  # 2 + this crash: not lost, not counted twice
+    assert "WorkerFailed" in posted and "AvoidingNode" in posted, posted
+
+
+def test_conflicts_in_a_row_fail_the_round_but_its_events_are_posted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kopf
+
+    from tests.operator.factories import started
+
+    posted: list[str] = []
+    monkeypatch.setattr(kopf, "event", lambda *a, **kw: posted.append(kw["reason"]))
+    crashed = worker(3, "n3", phase="Failed", exit_code=1)
+    world = StaticWorld([worker(0, "n0"), worker(1, "n1"), worker(2, "n2"), crashed], _nodes(4))
+    kube = RecordingKube()
+    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=0), StoreClient())
+    runner.body = kube.current = _job_body("41", started(4))
+    kube.conflicts = 10
+    with pytest.raises(StatusConflict):
+        asyncio.run(runner.reconcile())  # the loop's backoff retries, from the job as it is then
+    assert len(kube.versions) == 3 and not kube.patches and runner.status is None
+    assert "WorkerFailed" in posted, posted
 
 
 def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() -> None:

@@ -85,3 +85,6 @@ def test_a_bad_input_fails_the_agent_with_its_error_in_the_progress_doc(tmp_path
     assert log.count("without progress:") == 3, log[-3000:]  # the first run and 2 restarts
     error = doc.get("lastError", "")
     assert error.startswith(f"worker-0: {names}"), doc
+    # The store counted the 2 restarts inside the pod (the operator's CrashLooping condition sees them); the
+    # last crash, which gave up, is the pod's failure instead.
+    assert doc.get("crashes") == 2, doc

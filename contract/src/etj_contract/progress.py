@@ -12,7 +12,11 @@ document only. Two rules make the channel lossless for what matters:
   (``etj_trainer.core.progress``);
 - ``lastError`` (the last line of a crashed worker's error, sent by its agent in a report of its own,
   without a step) stays until a newer error replaces it: an error report changes nothing else, and a
-  training report without one does not clear it (the operator shows it when the step stops advancing).
+  training report without one does not clear it (the operator shows it when the step stops advancing);
+- ``crashes`` counts the agents' crash reports (``crash: true`` with ``lastError``, one per worker group an
+  agent restarted after a crash): the store adds them up, so no report can take one back, and the operator
+  counts the increase between two reads (a crash loop that makes progress between crashes is still a
+  loop; the agent's own budget restarts its count after progress).
 
 Wire names are camelCase (JSON); unknown or malformed fields are dropped on parse, never fatal: the channel
 must not break the operator whatever a trainer image sends.
@@ -151,6 +155,10 @@ class ProgressDoc:
     # The last error line of a crashed training process (the agent reports it when it restarts one); the
     # operator names it when the step stops advancing (the Progressing condition).
     last_error: str | None = None
+    # Crash reports the store has counted (it sets this; a trainer never sends it) and whether this report
+    # is one (the agent's, when it restarts its crashed workers). The store keeps the sum, never the flag.
+    crashes: int | None = None
+    crash: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -164,6 +172,10 @@ class ProgressDoc:
         out["finished"] = self.finished
         if self.last_error is not None:
             out["lastError"] = self.last_error
+        if self.crashes is not None:
+            out["crashes"] = self.crashes
+        if self.crash:
+            out["crash"] = True
         return out
 
     @classmethod
@@ -188,6 +200,10 @@ class ProgressDoc:
         error = raw.get("lastError")
         if isinstance(error, str) and error.strip():
             values["last_error"] = error.strip().splitlines()[-1][:MAX_ERROR_CHARS]
+        crashes = raw.get("crashes")
+        if _count(crashes):
+            values["crashes"] = crashes
+        values["crash"] = raw.get("crash") is True
         return cls(**values)
 
 
@@ -197,10 +213,13 @@ def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:
     The newer report wins for the counters, except that a finished report is never replaced by an
     unfinished one (a late report of a leaving rank cannot un-finish the job) nor a report with a step by
     one without (an error-only report), the resize records are the union of both, in time order, so no
-    report can take one back, and the last error stays until a newer one replaces it.
+    report can take one back, the last error stays until a newer one replaces it, and ``crashes`` is the
+    stored count plus one for a crash report (a count a trainer sends is ignored: only the store counts).
     """
+    before = stored.crashes if stored is not None else None
+    crashes = (before or 0) + 1 if incoming.crash else before
     if stored is None:
-        return incoming
+        return replace(incoming, crashes=crashes, crash=False)
     # A report without a step (e.g. the agent's error-only report) updates no counters.
     keep = (stored.finished and not incoming.finished) or (incoming.step is None and stored.step is not None)
     base = stored if keep else incoming
@@ -213,7 +232,7 @@ def merge(stored: ProgressDoc | None, incoming: ProgressDoc) -> ProgressDoc:
     resizes = tuple(sorted(seen.values(), key=lambda r: r.time))[-MAX_RESIZES:]
     # The last error is sticky: the operator shows it only while the step stands still.
     error = incoming.last_error or stored.last_error
-    return replace(base, resizes=resizes, last_error=error)
+    return replace(base, resizes=resizes, last_error=error, crashes=crashes, crash=False)
 
 
 def _count(value: object) -> TypeGuard[int]:

@@ -342,6 +342,15 @@ class FailurePolicy(ApiModel):
         "Progressing condition turns False (reason ProgressDeadlineExceeded, with a Warning Event naming "
         "the trainer's last error). 0 disables the check.",
     )
+    stall_floor_seconds: int = Field(
+        default=90,
+        ge=1,
+        le=604_800,
+        description="The step counts as stalled (Progressing False) after 20 measured step times without a "
+        "step (status.progress.stepSeconds), but never sooner than this many seconds and never later than "
+        "progressDeadlineSeconds. Set it to progressDeadlineSeconds or more to judge by the fixed deadline "
+        "only (steps that pause for long checkpoints).",
+    )
     failure_window_seconds: int = Field(
         default=3600,
         ge=0,

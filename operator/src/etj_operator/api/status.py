@@ -56,6 +56,9 @@ class ConditionType(StrEnum):
     # the job was Ready (a crash loop, a hang); Unknown while the job is not training or progress is unread.
     PROGRESSING = "Progressing"
     CHECKPOINT_VOLATILE = "CheckpointVolatile"  # no PVC, no object store: the shared copy dies with the pods
+    # Workers crash again and again (pod failures and restarts inside pods, with or without progress in
+    # between): True from the CRASH_LOOP_CRASHES-th crash within the window until the job runs a window clean.
+    CRASH_LOOPING = "CrashLooping"
 
 
 class StatusModel(ApiModel):
@@ -97,6 +100,18 @@ class Progress(StatusModel):
     last_update_time: Time | None = Field(default=None, description="When the trainer last reported.")
     last_step_time: Time | None = Field(
         default=None, description="When step last changed (the Progressing condition's clock)."
+    )
+    step_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Measured seconds per optimizer step (a moving average over the step changes the "
+        "operator saw): the stall threshold adapts to it (failurePolicy.stallFloorSeconds).",
+    )
+    crashes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Crashes the job's agents reported to its store (workers restarted inside their pods); "
+        "an increase is recorded in status.crashTimes.",
     )
 
 
@@ -197,6 +212,11 @@ class ElasticTrainingJobStatus(StatusModel):
         description=f"When the last failures (at most {MAX_FAILURE_TIMES}) were counted, oldest first: "
         "failurePolicy.failureWindowSeconds counts those within the window (entries older than it are "
         "dropped).",
+    )
+    crash_times: Annotated[list[Time], Field(max_length=MAX_FAILURE_TIMES)] = Field(
+        default_factory=list,
+        description="When workers crashed recently (failed pods and restarts inside pods; crashes less than "
+        "a few seconds apart are one), oldest first, within the CrashLooping condition's window.",
     )
     avoided_nodes: Annotated[list[AvoidedNode], Field(max_length=MAX_AVOIDED_NODES)] = Field(
         default_factory=list,

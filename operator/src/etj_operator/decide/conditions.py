@@ -12,6 +12,8 @@ from datetime import datetime
 from enum import StrEnum
 
 from etj_operator.api.models import Condition, ConditionStatus, ConditionType, Phase, set_condition
+from etj_operator.decide.crash_loop import CRASH_DETAIL_SEP, CRASH_LOOP_CRASHES, CRASH_LOOPING, STALL_STEPS
+from etj_operator.decide.types import KubeEvent
 
 
 class ConditionReason(StrEnum):
@@ -38,6 +40,9 @@ class ConditionReason(StrEnum):
     PODS_CREATED = "PodsCreated"
     STEP_ADVANCING = "StepAdvancing"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    PROGRESS_STALLED = "ProgressStalled"  # before the deadline: many measured step times without a step
+    REPEATED_CRASHES = "RepeatedCrashes"
+    NO_RECENT_CRASHES = "NoRecentCrashes"
     NOT_TRAINING = "NotTraining"
     PROGRESS_NOT_READ = "ProgressNotRead"
     NO_DURABLE_CHECKPOINT = "NoDurableCheckpoint"
@@ -85,6 +90,12 @@ class JobFacts:
     create_rejection: str | None = None  # the apiserver's refusal of a pod create, while it lasts
     stalled_seconds: float | None = None  # step standing still while Ready (job_status.stalled_seconds)
     progress_deadline: int = 0  # failurePolicy.progressDeadlineSeconds (0: no check)
+    stall_after: float = 0.0  # seconds without a step that count as a stall (crash_loop.stall_threshold)
+    step_seconds: float | None = None  # the measured step time it adapts to
+    crashes: int = 0  # crashes within the crash-loop window
+    crash_looping: bool = False
+    crash_window: int = 0  # the window's seconds
+    crash_detail: str = ""  # the newest crash's cause
     progress_tracked: bool = True  # the operator reads the trainer's progress at all
     step: int | None = None
     last_error: str | None = None  # the trainer's last error line (progress doc lastError)
@@ -170,14 +181,34 @@ def _progressing(f: JobFacts) -> Verdict:
     if f.stalled_seconds is None:
         return ConditionStatus.UNKNOWN, ConditionReason.NOT_TRAINING, "the job is not Ready"
     at = "no step reported" if f.step is None else f"step {f.step}"
-    if f.stalled_seconds > f.progress_deadline:
-        message = (
-            f"{at}: no progress for {f.stalled_seconds:.0f} s (progressDeadlineSeconds {f.progress_deadline})"
-        )
+    after = f.stall_after or float(f.progress_deadline)
+    if f.stalled_seconds > after:
+        if after < f.progress_deadline:
+            # Judged by the job's own pace (crash_loop.stall_threshold), well before the fixed deadline.
+            reason = ConditionReason.PROGRESS_STALLED
+            step = f"{STALL_STEPS} x the measured step time {f.step_seconds or 0:.2f} s"
+            limit = f"stalled after {after:.0f} s: {step}, at least stallFloorSeconds, "
+            limit += f"at most progressDeadlineSeconds {f.progress_deadline}"
+        else:
+            reason = ConditionReason.PROGRESS_DEADLINE_EXCEEDED
+            limit = f"progressDeadlineSeconds {f.progress_deadline}"
+        message = f"{at}: no progress for {f.stalled_seconds:.0f} s ({limit})"
         if f.last_error:
             message += f"; the trainer's last error: {f.last_error}"
-        return False, ConditionReason.PROGRESS_DEADLINE_EXCEEDED, message
+        return False, reason, message
     return True, ConditionReason.STEP_ADVANCING, at
+
+
+def _crash_looping(f: JobFacts) -> Verdict:
+    if f.phase in _PHASE_REASON:
+        return False, _PHASE_REASON[f.phase], f"job is {f.phase}"
+    counted = f"{f.crashes} crashes in the last {f.crash_window} s"
+    if not f.crash_looping:
+        return False, ConditionReason.NO_RECENT_CRASHES, counted if f.crashes else ""
+    message = f"{counted} (failed worker pods and restarts inside pods; {CRASH_LOOP_CRASHES} make a loop)"
+    if f.crash_detail:
+        message += f"{CRASH_DETAIL_SEP}{f.crash_detail}"
+    return True, ConditionReason.REPEATED_CRASHES, message
 
 
 def _checkpoint_volatile(f: JobFacts) -> Verdict:
@@ -199,6 +230,7 @@ RULES: tuple[tuple[ConditionType, Callable[[JobFacts], Verdict]], ...] = (
     (ConditionType.REPLICA_FAILURE, _replica_failure),
     (ConditionType.PROGRESSING, _progressing),
     (ConditionType.CHECKPOINT_VOLATILE, _checkpoint_volatile),
+    (ConditionType.CRASH_LOOPING, _crash_looping),
 )
 
 
@@ -214,3 +246,39 @@ def build_conditions(
 
 def ready_reason(conditions: Sequence[Condition]) -> str | None:
     return next((c.reason for c in conditions if c.type == ConditionType.READY), None)
+
+
+def _status(conditions: Sequence[Condition], type_: str) -> str | None:
+    return next((str(c.status) for c in conditions if c.type == type_), None)
+
+
+def _message(conditions: Sequence[Condition], type_: str) -> str | None:
+    return next((c.message for c in conditions if c.type == type_ and c.status == "True"), None)
+
+
+def condition_warnings(
+    prev: Sequence[Condition], conds: Sequence[Condition], phase: Phase, create_rejection: str | None
+) -> list[KubeEvent]:
+    """Warnings for conditions that just turned bad: no trainer image, no progress, a refused create, a crash
+    loop. Each is posted on the transition only, not on every reconcile while it lasts."""
+    events: list[KubeEvent] = []
+    no_image = ConditionReason.NO_TRAINER_IMAGE
+    if ready_reason(conds) == no_image and ready_reason(prev) != no_image:
+        events.append(KubeEvent("Warning", no_image, NO_TRAINER_IMAGE_MESSAGE))
+    if (
+        _status(conds, ConditionType.PROGRESSING) == "False"
+        and _status(prev, ConditionType.PROGRESSING) != "False"
+        and phase in (Phase.RUNNING, Phase.RESIZING)
+    ):
+        cond = next(c for c in conds if c.type == ConditionType.PROGRESSING)
+        events.append(KubeEvent("Warning", cond.reason, cond.message))  # ProgressStalled or ...Exceeded
+    if (
+        _status(conds, ConditionType.CRASH_LOOPING) == "True"
+        and _status(prev, ConditionType.CRASH_LOOPING) != "True"
+    ):
+        message = next(c.message for c in conds if c.type == ConditionType.CRASH_LOOPING)
+        events.append(KubeEvent("Warning", CRASH_LOOPING, message))
+    if create_rejection and create_rejection != _message(prev, ConditionType.REPLICA_FAILURE):
+        # Once per distinct refusal, not on every retry of the same one.
+        events.append(KubeEvent("Warning", ConditionReason.FAILED_CREATE, create_rejection))
+    return events

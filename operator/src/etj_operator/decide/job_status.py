@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_operator.api.models import (
     MAX_RESIZE_HISTORY,
-    Condition,
     ConditionType,
     ElasticTrainingJobSpec,
     ElasticTrainingJobStatus,
@@ -27,12 +26,11 @@ from etj_operator.api.models import (
     ResizeEvent,
 )
 from etj_operator.decide.conditions import (
-    NO_TRAINER_IMAGE_MESSAGE,
-    ConditionReason,
     JobFacts,
     build_conditions,
-    ready_reason,
+    condition_warnings,
 )
+from etj_operator.decide.crash_loop import CRASH_LOOP_WINDOW_S, next_step_seconds, stall_threshold
 from etj_operator.decide.names import worker_selector
 from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.observe.signals import INTERRUPTIONS, Reason
@@ -66,6 +64,9 @@ class StatusInputs:
     usage_namespaces: tuple[str, ...] = ()  # namespaces whose pods' GPU use free_slots subtracts; (): all
     create_rejection: str | None = None  # the apiserver refused a pod create (its message), still current
     progress_tracked: bool = True  # the operator reads the trainer's progress (--progress-seconds > 0)
+    crashes: int = 0  # crashes within the crash-loop window (status.crashTimes)
+    crash_looping: bool = False  # decide/crash_loop.crash_looping
+    crash_detail: str = ""  # the newest crash's cause, for the CrashLooping message
 
 
 def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
@@ -131,6 +132,13 @@ def _apply_progress(
         before = st.progress
         changed = before is None or before.step != progress.step
         progress.last_step_time = at if changed else before.last_step_time if before else None
+        progress.step_seconds = before.step_seconds if before else None
+        if changed and before is not None and progress.step is not None and at is not None:
+            progress.step_seconds = next_step_seconds(
+                before.step_seconds, before.last_step_time, before.step, progress.step, at
+            )
+        # The store's crash count, so the next read counts only its increase (plan_steps.count_crashes).
+        progress.crashes = doc.crashes if doc.crashes is not None else before.crashes if before else None
         st.progress = progress
     except ValidationError:
         pass
@@ -278,20 +286,18 @@ def _facts(
         create_rejection=inp.create_rejection,
         stalled_seconds=stalled_seconds(inp, st),
         progress_deadline=inp.spec.failure_policy.progress_deadline_seconds,
+        stall_after=stall_threshold(st.progress.step_seconds if st.progress else None, spec.failure_policy),
+        step_seconds=st.progress.step_seconds if st.progress else None,
+        crashes=inp.crashes,
+        crash_looping=inp.crash_looping,
+        crash_window=CRASH_LOOP_WINDOW_S,
+        crash_detail=inp.crash_detail,
         progress_tracked=inp.progress_tracked,
         step=st.progress.step if st.progress else None,
         last_error=ProgressDoc.from_json(dict(inp.progress or {})).last_error,
         checkpoint_pvc=spec.checkpoint.pvc.claim_name if spec.checkpoint.pvc is not None else None,
         checkpoint_uri=spec.checkpoint.uri,
     )
-
-
-def _status(conditions: Sequence[Condition], type_: str) -> str | None:
-    return next((str(c.status) for c in conditions if c.type == type_), None)
-
-
-def _message(conditions: Sequence[Condition], type_: str) -> str | None:
-    return next((c.message for c in conditions if c.type == type_ and c.status == "True"), None)
 
 
 def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[KubeEvent]]:
@@ -331,7 +337,7 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
 
     facts = _facts(inp, st, phase, resizing, worker_drains)
     conds = build_conditions(st.conditions, facts, generation=gen, now=now)
-    events += _condition_warnings(inp, conds, phase)
+    events += condition_warnings(inp.prev.conditions, conds, phase, inp.create_rejection)
     st.conditions = conds
     return st, events
 
@@ -373,24 +379,4 @@ def _record_worker_changes(
                     "Warning", str(Reason.WORKER_FAILED), f"{drain.message}; {inp.failures}/{budget} failures"
                 )
             )
-    return events
-
-
-def _condition_warnings(inp: StatusInputs, conds: list[Condition], phase: Phase) -> list[KubeEvent]:
-    """Warnings for conditions that just turned bad: no trainer image, no progress, a refused create."""
-    events: list[KubeEvent] = []
-    no_image = ConditionReason.NO_TRAINER_IMAGE
-    if ready_reason(conds) == no_image and ready_reason(inp.prev.conditions) != no_image:
-        events.append(KubeEvent("Warning", no_image, NO_TRAINER_IMAGE_MESSAGE))
-    if (
-        _status(conds, ConditionType.PROGRESSING) == "False"
-        and _status(inp.prev.conditions, ConditionType.PROGRESSING) != "False"
-        and phase in (Phase.RUNNING, Phase.RESIZING)
-    ):
-        message = next(c.message for c in conds if c.type == ConditionType.PROGRESSING)
-        events.append(KubeEvent("Warning", ConditionReason.PROGRESS_DEADLINE_EXCEEDED, message))
-    rejected = inp.create_rejection
-    if rejected and rejected != _message(inp.prev.conditions, ConditionType.REPLICA_FAILURE):
-        # Once per distinct refusal, not on every retry of the same one.
-        events.append(KubeEvent("Warning", ConditionReason.FAILED_CREATE, rejected))
     return events

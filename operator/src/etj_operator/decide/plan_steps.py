@@ -7,7 +7,7 @@ away, count crashes, judge the outcome, stop or trim workers, refill, place the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -15,13 +15,14 @@ from etj_operator.api.models import ElasticTrainingJobSpec, ElasticTrainingJobSt
 from etj_operator.api.status import AvoidedNode
 from etj_operator.decide.bad_nodes import AVOIDING_NODE, avoid_nodes, budget_failures, record_failures
 from etj_operator.decide.capacity import LazyCapacity
+from etj_operator.decide.crash_loop import judge_crashes, stall_wake_in
 from etj_operator.decide.deadline_plan import CapacityPlan
 from etj_operator.decide.finish import FINAL_REPORT_MISSING, Finish, finish
 from etj_operator.decide.interruptions import interruption_of, not_ready_wait, store_drains
-from etj_operator.decide.job_status import StatusInputs, build_status
-from etj_operator.decide.names import rendezvous_index
+from etj_operator.decide.job_status import StatusInputs, build_status, stalled_seconds
 from etj_operator.decide.plan_deadline import deadline_step, schedule_status
 from etj_operator.decide.plan_model import JobView, Observed, Plan, trainer_image
+from etj_operator.decide.slots import free_slots, next_rendezvous_index
 from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import INTERRUPTIONS, Reason
@@ -42,6 +43,9 @@ class PlanContext:
     failure_times: list[datetime] = field(default_factory=list)  # status.failureTimes, this reconcile's in
     budget_failures: int = 0  # those that count against maxFailures (failureWindowSeconds)
     avoided: list[AvoidedNode] = field(default_factory=list)  # status.avoidedNodes
+    crash_times: list[datetime] = field(default_factory=list)  # status.crashTimes, this reconcile's in
+    crash_looping: bool = False
+    crash_detail: str = ""  # the newest crash's cause
     outcome: Finish = field(default_factory=Finish)
     failed: bool = False
     terminal: bool = False  # Failed or Succeeded
@@ -123,6 +127,16 @@ def count_failures(c: PlanContext) -> None:
     policy = c.spec.failure_policy
     c.failure_times = record_failures(c.prev.failure_times, c.out.new_failures, c.obs.now, policy)
     c.budget_failures = budget_failures(c.failure_times, c.failures, policy)
+
+
+def count_crashes(c: PlanContext) -> None:
+    """Crashes for CrashLooping: failed worker pods, restarts inside pods (decide/crash_loop.py)."""
+    pods = [d.message for d in c.out.drains if d.reason == Reason.WORKER_FAILED and d.role == "worker"]
+    stopped = c.prev.phase in (Phase.SUCCEEDED, Phase.FAILED)
+    crashes = judge_crashes(c.prev, c.obs.progress, pods, c.obs.now, stopped)
+    c.crash_times, c.crash_looping, c.crash_detail = crashes.times, crashes.looping, crashes.detail
+    if crashes.wake_in is not None:
+        c.out.requeue(crashes.wake_in)
 
 
 def judge_outcome(c: PlanContext) -> None:
@@ -280,14 +294,21 @@ def write_status(c: PlanContext) -> None:
         usage_namespaces=c.obs.usage_namespaces,
         create_rejection=c.obs.create_rejection,
         progress_tracked=c.obs.progress_tracked,
+        crashes=len(c.crash_times),
+        crash_looping=c.crash_looping,
+        crash_detail=c.crash_detail,
     )
-    # The Progressing deadline needs no timer of its own: the resync (--resync-seconds) re-plans anyway.
     c.out.status, events = build_status(inputs)
     c.out.events += events  # after those of earlier steps (AvoidingNode)
+    # Wake when the step would count as stalled: the resync alone could be late by that much.
+    wake = stall_wake_in(c.out.status.progress, stalled_seconds(inputs, c.out.status), c.spec.failure_policy)
+    if wake is not None:
+        c.out.requeue(wake)
     # status.failures stays the job's whole-life count; the budget's window lives in failureTimes.
     c.out.status.failures = c.failures
     c.out.status.failure_times = c.failure_times
     c.out.status.avoided_nodes = c.avoided
+    c.out.status.crash_times = c.crash_times
 
 
 def record_schedule(c: PlanContext) -> None:
@@ -321,6 +342,7 @@ STEPS: tuple[Step, ...] = (
     recheck_not_ready,
     drain_crashed,
     count_failures,
+    count_crashes,
     judge_outcome,
     avoid_failed_nodes,
     stop_workers,
@@ -335,26 +357,6 @@ STEPS: tuple[Step, ...] = (
     warn_report_missing,
     expire_ttl,
 )
-
-
-def next_rendezvous_index(job: str, rdzv: Sequence[PodInfo]) -> int:
-    """One past every store pod still known (terminating ones included): a name no pod has now. A pod
-    already gone from the API (force-deleted before we saw it fail) may see its name reused, so nothing
-    keys on a store pod's name (the reconciler's bounds told are keyed by uid)."""
-    indices = [i for p in rdzv if (i := rendezvous_index(job, p.name)) is not None]
-    return max(indices, default=-1) + 1
-
-
-def free_slots(pods: Sequence[PodInfo], count: int, also_taken: Sequence[int] = ()) -> list[int]:
-    """The ``count`` lowest slots no pod (and nothing in ``also_taken``) holds."""
-    taken = {p.slot for p in pods if p.slot is not None} | set(also_taken)
-    out: list[int] = []
-    slot = 0
-    while len(out) < count:
-        if slot not in taken:
-            out.append(slot)
-        slot += 1
-    return out
 
 
 # Drains whose worker is replaced at once, not a resize: a crash (within the budget) and a Pending worker

@@ -21,7 +21,8 @@ from etj_operator.decide.interruptions import (
 )
 from etj_operator.decide.plan_deadline import STATUS_REFRESH
 from etj_operator.decide.plan_model import FINAL_REPORT_GRACE, JobView, Observed, Plan, trainer_image
-from etj_operator.decide.plan_steps import STEPS, PlanContext, next_rendezvous_index
+from etj_operator.decide.plan_steps import STEPS, PlanContext
+from etj_operator.decide.slots import next_rendezvous_index
 
 __all__ = [
     "FINAL_REPORT_GRACE",

@@ -26,6 +26,11 @@ T = TypeVar("T")
 RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
 
 
+class StatusConflict(Exception):
+    """A status write named a resourceVersion the job no longer has (409): it was computed from an older
+    job, and must be computed again."""
+
+
 def _drained(response: Any) -> bool:
     """Read a raw response to the end so urllib3 returns the connection to the pool."""
     _ = response.data
@@ -125,15 +130,41 @@ class KubeClient:
             ok=frozenset({409}),
         )
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patch the status subresource (lists replaced whole: callers send full lists)."""
-        body = {"status": status}
+    async def patch_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        """Merge-patch the status subresource (lists replaced whole: callers send full lists); None: the job
+        is gone.
+
+        With ``resource_version`` the patch applies only to that version of the job (optimistic
+        concurrency): the status was computed from it, and its counters (failures, resizes) are absolute
+        numbers, so a patch over a newer status (another operator replica, a user's edit) would lose or
+        double-count. A conflict is not retried (the same patch would conflict again): it raises
+        ``StatusConflict`` and the caller plans again from the job as it is now.
+        """
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+
+        def patch() -> object:
+            try:
+                return self.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, namespace, PLURAL, name, body
+                )
+            except ApiException as exc:
+                if exc.status == 409 and resource_version:
+                    raise StatusConflict(f"{namespace}/{name} changed since {resource_version}") from exc
+                raise
+
+        result = await self._call("patch", "elastictrainingjobs/status", patch, ok=frozenset({404}))
+        return result if isinstance(result, dict) else None
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job as the apiserver has it now (after a status conflict); None: gone."""
         result = await self._call(
-            "patch",
-            "elastictrainingjobs/status",
-            lambda: self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, body
-            ),
+            "get",
+            PLURAL,
+            lambda: self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name),
             ok=frozenset({404}),
         )
         return result if isinstance(result, dict) else None

@@ -18,9 +18,8 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
-import kopf
 from pydantic import ValidationError
 
 from etj_contract.replicas import Replicas
@@ -28,10 +27,11 @@ from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, Elasti
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
 from etj_operator.decide import dataplane, manifests
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
-from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.client import KubeClient, StatusConflict
 from etj_operator.k8s.metrics import METRICS
 from etj_operator.k8s.rejections import rejections
 from etj_operator.k8s.settings import Settings, World
+from etj_operator.k8s.status_write import STATUS_WRITE_ATTEMPTS, post_events, record_written
 from etj_operator.k8s.store_client import StoreClient, StoreLink
 from etj_operator.observe.pods import PodInfo
 from etj_operator.timeutil import utcnow
@@ -57,6 +57,8 @@ class JobRunner:
         self.body: Mapping[str, Any] | None = None
         self.kick = asyncio.Event()
         self.status: ElasticTrainingJobStatus | None = None  # last status we wrote (the index may lag)
+        self.status_version: str | None = None  # the job's resourceVersion that status belongs to
+        self.planned_version: str | None = None  # the version this round's plan was computed from
         self.expect_create: dict[str, tuple[PodInfo, float]] = {}
         self.expect_delete: dict[str, tuple[str, float]] = {}  # name → (uid, deadline)
         self.store = StoreLink(store_http, settings.progress_port, self._token)
@@ -98,7 +100,7 @@ class JobRunner:
                 log.exception(
                     "reconcile of %s/%s failed; retrying in %.0fs", self.namespace, self.name, backoff
                 )
-                self.status = None  # re-read status from the job next time
+                self.status = self.status_version = None  # re-read status from the job next time
                 timeout, backoff = backoff, min(backoff * 2, 30.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.kick.wait(), timeout)
@@ -134,9 +136,10 @@ class JobRunner:
             # The apiserver validates the same rules; this only happens with a CRD older than the operator.
             log.error("job %s/%s has an invalid spec: %s", self.namespace, self.name, exc)
             return None
-        status = self.status
+        status, self.planned_version = self.status, self.status_version
         if status is None:
             status = ElasticTrainingJobStatus.model_validate(body.get("status") or {})
+            self.planned_version = meta.get("resourceVersion")
         return JobView(
             self.name,
             self.namespace,
@@ -172,13 +175,13 @@ class JobRunner:
             progress_tracked=self.settings.progress_seconds > 0,
         )
         result = plan(job, obs)
-        await self.apply(job, result, {p.name: p for p in pods})
+        await self.apply(job, result, {p.name: p for p in pods}, obs)
         if self.settings.progress_seconds > 0:  # the store is spoken to only where progress is read
             await self._tell_bounds(job, pods)
         return result
 
     # --- apply -----------------------------------------------------------------------------------
-    async def apply(self, job: JobView, result: Plan, pods: Mapping[str, PodInfo]) -> None:
+    async def apply(self, job: JobView, result: Plan, pods: Mapping[str, PodInfo], obs: Observed) -> None:
         # Drains first: they are the latency-critical part (the node is going away).
         await asyncio.gather(
             *(
@@ -194,7 +197,7 @@ class JobRunner:
             if rejection != before:
                 self.kick.set()  # the next round's status carries the ReplicaFailure condition and Event
         # Status is written whatever the creates did: a refusal must never hide the job's state.
-        await self._write_status(job, result)
+        await self._write_status(job, result, obs)
         if errors:
             raise errors[0]
         if result.delete_job:
@@ -291,29 +294,40 @@ class JobRunner:
             bodies.append(dataplane.network_policy(**ids, operator_peer=peer))
         return await asyncio.gather(*(self.kube.ensure(b) for b in bodies), return_exceptions=True)
 
-    async def _write_status(self, job: JobView, result: Plan) -> None:
-        new = result.status.to_patch()
-        if new == job.status.to_patch():
-            return
-        response = await self.kube.patch_status(job.namespace, job.name, new)
+    async def _write_status(self, job: JobView, result: Plan, obs: Observed) -> None:
+        """Write the plan's status on the version of the job it was computed from; on a conflict, plan again.
+
+        By now the plan's drains and creates are done. Its status holds absolute counters (failures, crash
+        times) computed from an older job, and its Events describe what was done: dropping both on a 409
+        lost a count and an Event (a drained pod is not drained again, so no later plan repeats them). So
+        the plan is computed again from the job as it is now and the *same* observation: the same drains,
+        crashes and Events, counted once on top of the newer status. Its actions are not applied again.
+        """
+        for attempt in range(STATUS_WRITE_ATTEMPTS):
+            new = result.status.to_patch()
+            if new == job.status.to_patch():
+                return
+            try:
+                response = await self.kube.patch_status(job.namespace, job.name, new, self.planned_version)
+                break
+            except StatusConflict:
+                self.status = self.status_version = None
+                log.info("status of %s/%s conflicted (%d); planning again", job.namespace, job.name, attempt)
+                self.body = await self.kube.get_job(job.namespace, job.name)
+                fresh = self._job()  # sets planned_version to the fresh job's
+                if fresh is None:
+                    return  # gone or being deleted
+                job, result = fresh, plan(fresh, obs)
+        else:
+            post_events(self.body, result)  # what was done stays said, even if the count is lost this time
+            raise StatusConflict(f"{job.namespace}/{job.name}: {STATUS_WRITE_ATTEMPTS} conflicts in a row")
         if response is None:
-            self.status = None
+            self.status = self.status_version = None  # gone
             return
         self.status = ElasticTrainingJobStatus.model_validate(response.get("status") or {})
-        spec_max, current = result.status.desired_replicas or 0, result.status.current_replicas or 0
-        METRICS.desired_workers.labels(job.namespace, job.name).set(spec_max)
-        METRICS.current_workers.labels(job.namespace, job.name).set(current)
-        before, after = job.status.resize_history, result.status.resize_history
-        if (
-            current != (job.status.current_replicas or 0)
-            and after
-            and (not before or after[-1] != before[-1])
-        ):
-            METRICS.resizes.labels(job.namespace, job.name, after[-1].reason).inc()
-        for event in result.events:
-            kopf.event(
-                cast(kopf.Body, self.body), type=event.type, reason=event.reason, message=event.message[:1000]
-            )
+        self.status_version = (response.get("metadata") or {}).get("resourceVersion")
+        record_written(job, result)
+        post_events(self.body, result)
 
     # --- progress, and the bounds the running processes need ---------------------------------------
     async def _tell_bounds(self, job: JobView, pods: list[PodInfo]) -> None:

@@ -120,7 +120,9 @@ class EtjAgent(LocalElasticAgent):
             file=sys.stderr,
             flush=True,
         )
-        _report_error(cfg.progress_url, line)
+        # A restart inside the pod is a crash the operator cannot see otherwise (counted by the store); the
+        # last one, which gives up, is counted as the pod's failure instead.
+        _report_error(cfg.progress_url, line, crash=not verdict.give_up)
         if verdict.give_up:
             raise CrashLoop(line)
 
@@ -136,10 +138,11 @@ def _job_progress(url: str) -> tuple[int, int] | None:
     return (epoch if isinstance(epoch, int) else 0, doc["step"])
 
 
-def _report_error(url: str, line: str) -> None:
-    """Best effort: the operator shows the last error when the job stops advancing."""
+def _report_error(url: str, line: str, *, crash: bool) -> None:
+    """Best effort: the operator shows the last error when the job stops advancing, and counts crashes."""
     from etj_trainer.core.progress import post_json
 
+    body: dict[str, object] = {"lastError": line, **({"crash": True} if crash else {})}
     if url:
         with contextlib.suppress(OSError):
-            post_json(url, {"lastError": line}, timeout=2.0)
+            post_json(url, body, timeout=2.0)

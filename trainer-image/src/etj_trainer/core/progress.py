@@ -45,18 +45,23 @@ def get_json(url: str, timeout: float = 2.0, token: str | None = None) -> dict[s
     return data if isinstance(data, dict) else None
 
 
-def report_error(line: str, url: str | None = None, token: str | None = None) -> bool:
+def report_error(line: str, url: str | None = None, token: str | None = None, *, crash: bool = False) -> bool:
     """Best effort: tell the operator why a training process died (``lastError`` in the progress doc).
 
     For the agent, when a worker process exits non-zero: the operator names this line when the step stops
-    advancing (the job's Progressing condition). ``url`` defaults to ``$ETJ_PROGRESS_URL``; the token comes
+    advancing (the job's Progressing condition). ``crash``: the agent restarts its workers after this
+    crash, and the store counts it (the progress doc's ``crashes``: the operator's CrashLooping
+    condition sees crashes the pod never shows). ``url`` defaults to ``$ETJ_PROGRESS_URL``; the token comes
     from the environment. Whether the store took it.
     """
     target = url or etj_env.PROGRESS_URL.read(os.environ)
     if not target or not line.strip():
         return False
     try:
-        post_json(target, {"lastError": line.strip().splitlines()[-1][:MAX_ERROR_CHARS]}, token=token)
+        body: dict[str, object] = {"lastError": line.strip().splitlines()[-1][:MAX_ERROR_CHARS]}
+        if crash:
+            body["crash"] = True
+        post_json(target, body, token=token)
     except OSError as e:
         log.debug("error report to %s failed: %s", target, e)
         return False
