@@ -54,18 +54,23 @@ This module is the API's public face and reference; the code lives in the subpac
 from __future__ import annotations
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
-from etj_trainer.config import TrainConfig
+from etj_trainer.config import ConfigOverridden, TrainConfig
 from etj_trainer.core.world import StopFlag
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop.job import Job, last_job
+from etj_trainer.loop.loader import Loader
+from etj_trainer.loop.loss import Reduction
 from etj_trainer.loop.step import ElasticModule, Membership, Step
 
 __all__ = [
+    "ConfigOverridden",
     "DynamicSGD",
     "ElasticModule",
     "Job",
+    "Loader",
     "Membership",
     "Micro",
+    "Reduction",
     "Step",
     "StopFlag",
     "TrainConfig",
