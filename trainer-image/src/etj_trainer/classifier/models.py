@@ -93,3 +93,24 @@ def resnet_tiny_w8(num_classes: int = 10) -> nn.Module:
 
 def resnet_tiny_w16(num_classes: int = 10) -> nn.Module:
     return resnet_tiny(num_classes, width=16)
+
+
+def model_problem(spec: str) -> str | None:
+    """What is wrong with a model spec before any worker builds it (None: its factory exists): a
+    ``module:callable`` whose module does not import or has no such callable, or an unknown torchvision
+    name. The model itself is not built (``build_model``)."""
+    if ":" in spec:
+        module_name, attr = spec.split(":", 1)
+        module_name = _OLD_MODULES.get(module_name, module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:  # any error importing it is the user's to see, named
+            return f"{spec}: module {module_name!r} does not import ({type(e).__name__}: {e})"
+        if not callable(getattr(module, attr, None)):
+            return f"{spec}: module {module_name!r} has no callable {attr!r}"
+        return None
+    import torchvision
+
+    if spec not in torchvision.models.list_models():
+        return f"{spec}: not a torchvision model name, nor module:callable"
+    return None
