@@ -374,3 +374,52 @@ def test_two_ranks_with_empty_shares_equal_one_process(tmp_path: Path) -> None:
             p.join(timeout=300)
     assert [p.exitcode for p in procs] == [0, 0]
     _close(torch.load(tmp_path / "params.pt"), ref)
+
+
+class _Membership:
+    """A stand-in membership: the micro-batches it would train (``upcoming``)."""
+
+    def __init__(self, ids: list[list[int]]) -> None:
+        self.ids = ids
+
+    def upcoming(self) -> Iterator[elastic.Micro]:
+        return (elastic.Micro(0, np.asarray(i, dtype=np.int64)) for i in self.ids)
+
+
+class _Step:
+    """A stand-in step of a membership: its micro-batches are the membership's next ones."""
+
+    def __init__(self, membership: _Membership, ids: list[list[int]]) -> None:
+        self.membership, self.ids = membership, ids
+
+    def micro_batches(self) -> Iterator[elastic.Micro]:
+        return (elastic.Micro(0, np.asarray(i, dtype=np.int64)) for i in self.ids)
+
+
+def test_a_new_membership_opens_a_new_stream_and_closes_the_old() -> None:
+    """The stream of the first world is read ahead; a resize's new world gets a stream of its own, fed
+    from its own micro-batches, and the old one is closed (its read-ahead dropped)."""
+    opened: list[list[list[int]]] = []
+    closed: list[int] = []
+
+    def stream(micros: Iterator[elastic.Micro]) -> Iterator[torch.Tensor]:
+        seen: list[list[int]] = []
+        opened.append(seen)
+        try:
+            for m in micros:
+                seen.append(m.ids.tolist())
+                yield torch.tensor(m.ids)
+        finally:
+            closed.append(len(opened))
+
+    loader = elastic.Loader(stream, lambda: torch.empty(0, dtype=torch.int64))
+    a, b = _Membership([[0, 1], [2, 3], [4, 5]]), _Membership([[4], [5], [6, 7]])
+    got = [
+        t.tolist()
+        for step in (_Step(a, [[0, 1], [2, 3]]), _Step(b, [[4], [5], []]))
+        for t in loader.feed(step)
+    ]  # type: ignore[arg-type]
+    assert got == [[0, 1], [2, 3], [4], [5], []]  # the empty share: the empty batch
+    assert [s[:2] for s in opened] == [[[0, 1], [2, 3]], [[4], [5]]] and closed == [1]
+    loader.close()
+    assert closed == [1, 2]
