@@ -1,7 +1,8 @@
-"""A deterministic trainer error (a bad data path, a bad env value, a corrupt JPEG) is a bounded crash loop
-(real processes): the agent restarts its workers a few times, reports the error line to the progress
-document, then exits 1 so its pod fails and the job's failure budget applies. The error line names the
-cause: for a corrupt JPEG, the sample and its file (DALI's own error names neither)."""
+"""A deterministic trainer error (a bad env value, a corrupt JPEG) is a bounded crash loop (real
+processes): the agent restarts its workers a few times, reports the error line to the progress document,
+then exits 1 so its pod fails and the job's failure budget applies. The error line names the cause: for a
+corrupt JPEG, the sample and its file (DALI's own error names neither). A bad data path is refused by the
+agent before any worker starts (agent/preflight.py): the same exit and report, without the loop."""
 
 from __future__ import annotations
 
