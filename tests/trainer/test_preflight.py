@@ -55,15 +55,16 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, str]]]] = {
 }
 
 
+@pytest.mark.parametrize("deep", [True, False], ids=["deep (etj-train local)", "shallow (etj-train worker)"])
 @pytest.mark.parametrize("case", CASES)
-def test_each_bad_input_is_named(case: str, tmp_path: Path) -> None:
+def test_each_bad_input_is_named(case: str, deep: bool, tmp_path: Path) -> None:
     settings, expected = CASES[case]
     (tmp_path / "locked").mkdir(mode=0o000)
     (tmp_path / "notes.txt").write_text("not data")
     env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in settings.items()}
     if os.geteuid() == 0 and case == "an unreadable data folder":
         pytest.skip("root reads every folder")
-    found = [(r.var.name, r.problem) for r in preflight.check(env)]
+    found = [(r.var.name, r.problem) for r in preflight.check(env, deep)]
     assert [name for name, _ in found] == [name for name, _ in expected], found
     for (_, problem), (_, says) in zip(found, expected, strict=True):
         assert says.replace("{tmp}", str(tmp_path)) in problem
@@ -122,3 +123,30 @@ def test_a_worker_refuses_before_its_agent_starts_and_reports_the_variable(
         "worker-3: InputRefused: ETJ_DATA: /no/such/data: no such file or directory "
         "(nor one of digits, digits-tensor, fashion-mnist-tensor, synthetic-tensor[:N])"
     ]
+
+
+def test_an_unknown_torchvision_name_is_refused_where_torchvision_may_be_imported() -> None:
+    (refused,) = preflight.check({"ETJ_DATA": "digits-tensor", "ETJ_MODEL": "resnet5O"}, deep=True)
+    assert (refused.var.name, refused.problem) == (
+        "ETJ_MODEL",
+        "resnet5O: not a torchvision model name, nor module:callable",
+    )
+
+
+def test_the_workers_check_imports_no_torch() -> None:
+    """The agent imports torch only once its forkserver has started (agent/worker.py: both import at once,
+    so a joiner is warm sooner); its input check must not import it first."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from etj_trainer.agent import preflight, worker\n"
+        "env = {'ETJ_DATA': 'digits-tensor', 'ETJ_MODEL': 'etj_trainer.classifier.models:tiny_mlp'}\n"
+        "assert preflight.check(env, deep=False) == []\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'torchvision') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]"

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from etj_contract import env as etj_env
-from etj_trainer.classifier.models import model_problem
-from etj_trainer.config import TrainConfig
-from etj_trainer.data.sources import data_problem
+from etj_trainer.classifier.model_specs import model_problem
+from etj_trainer.data.specs import data_problem
 
 
 @dataclass(frozen=True)
@@ -62,8 +61,13 @@ def script_problem(raw: str) -> str | None:
     return None
 
 
-def check(env: Mapping[str, str]) -> list[Refusal]:
-    """Every problem with the job's inputs in ``env`` (the ``ETJ_*`` variables a worker would get)."""
+def check(env: Mapping[str, str], deep: bool = True) -> list[Refusal]:
+    """Every problem with the job's inputs in ``env`` (the ``ETJ_*`` variables a worker would get).
+
+    ``deep``: import the model's module (``etj-train local|train``); shallow, for ``etj-train worker``,
+    which must not import torch before its forkserver does, it reads the module's source
+    (classifier/model_specs.py). Standard library only either way until a deep check imports the model.
+    """
     script = etj_env.SCRIPT.read(env)
     if script:  # a script opens its own data and builds its own model
         problem = script_problem(script)
@@ -78,7 +82,7 @@ def check(env: Mapping[str, str]) -> list[Refusal]:
     val = etj_env.VAL_DATA.read(env)
     if val and (problem := data_problem(val)) is not None:
         found.append(Refusal(etj_env.VAL_DATA, problem))
-    model = etj_env.MODEL.read(env) or TrainConfig.model
-    if (problem := model_problem(model)) is not None:
+    model = etj_env.MODEL.read(env)  # unset: the built-in default, which exists
+    if model and (problem := model_problem(model, deep)) is not None:
         found.append(Refusal(etj_env.MODEL, problem))
     return found

@@ -274,7 +274,7 @@ def _run(cfg: AgentConfig, first: Any, state_file: str, start_method: str) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    refused = preflight.check(os.environ)
+    refused = preflight.check(os.environ, deep=False)  # no torch here before the forkserver's
     if refused:  # before any worker starts: a bad input would only crash-loop them
         for r in refused:
             print(f"etj-train worker: {r.for_env()}", file=sys.stderr, flush=True)

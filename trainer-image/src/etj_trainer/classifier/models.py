@@ -7,6 +7,8 @@ import importlib
 import torch
 from torch import nn
 
+from etj_trainer.classifier.model_specs import OLD_MODULES
+
 
 def small_cnn(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
     """A few-thousand-parameter CNN: enough for digits, cheap enough for 2-core CI."""
@@ -27,15 +29,10 @@ def tiny_mlp(num_classes: int = 10, in_features: int = 3 * 8 * 8) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, 32), nn.Tanh(), nn.Linear(32, num_classes))
 
 
-# The built-in models' module before the trainer's subpackages (issue 27): job specs written then
-# (ETJ_MODEL, --model) name it, and must keep working.
-_OLD_MODULES = {"etj_trainer.models": __name__}
-
-
 def build_model(spec: str, num_classes: int) -> nn.Module:
     if ":" in spec:
         module_name, attr = spec.split(":", 1)
-        module_name = _OLD_MODULES.get(module_name, module_name)
+        module_name = OLD_MODULES.get(module_name, module_name)
         factory = getattr(importlib.import_module(module_name), attr)
         model = factory(num_classes=num_classes)
     else:
@@ -93,24 +90,3 @@ def resnet_tiny_w8(num_classes: int = 10) -> nn.Module:
 
 def resnet_tiny_w16(num_classes: int = 10) -> nn.Module:
     return resnet_tiny(num_classes, width=16)
-
-
-def model_problem(spec: str) -> str | None:
-    """What is wrong with a model spec before any worker builds it (None: its factory exists): a
-    ``module:callable`` whose module does not import or has no such callable, or an unknown torchvision
-    name. The model itself is not built (``build_model``)."""
-    if ":" in spec:
-        module_name, attr = spec.split(":", 1)
-        module_name = _OLD_MODULES.get(module_name, module_name)
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:  # any error importing it is the user's to see, named
-            return f"{spec}: module {module_name!r} does not import ({type(e).__name__}: {e})"
-        if not callable(getattr(module, attr, None)):
-            return f"{spec}: module {module_name!r} has no callable {attr!r}"
-        return None
-    import torchvision
-
-    if spec not in torchvision.models.list_models():
-        return f"{spec}: not a torchvision model name, nor module:callable"
-    return None
