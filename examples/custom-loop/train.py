@@ -7,8 +7,8 @@ Run it elastically on a laptop (2 agents; one leaves at step 10, one joins at st
 
 or on Kubernetes with ``spec.trainer.args: ["--script", "/workspace/train.py", "--hidden", "64"]`` in an
 image that holds this file. Everything etj guarantees (fixed global batch, exactly-once sampling, Dynamic
-SGD, checkpoints, in-place resizes, progress) comes from ``etj_trainer.elastic``; see docs/trainer.md,
-"Bring your own training loop".
+SGD, checkpoints, in-place resizes, progress) comes from ``etj_trainer.elastic``: the loss is PyTorch's
+default mean, the data a standard DataLoader; see docs/trainer.md, "Bring your own training loop".
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import Dataset
 
 from etj_trainer import elastic
 
@@ -46,24 +46,21 @@ def make_model(dim: int, hidden: int, classes: int) -> nn.Module:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--loader-workers", type=int, default=1)
     args = ap.parse_args()
 
     train_set = Blobs()
-    # The config (batch sizes, epochs, LR, checkpoint dirs...) comes from the ETJ_* environment the operator
-    # or `etj-train local` sets; these defaults apply where it is unset (e.g. `python train.py` alone).
+    # Config precedence: the ETJ_* environment (the operator, etj-train flags) over these keywords (used
+    # where it is silent, e.g. `python train.py` alone) over TrainConfig's defaults; a keyword the
+    # environment overrides is warned about.
     with elastic.Job(dataset_size=len(train_set), global_batch_size=64, micro_batch_size=16, lr=0.05) as job:
         model = job.setup_model(make_model(16, args.hidden, 4))
-        cfg = job.config
-        job.setup_optimizer(elastic.DynamicSGD(model.parameters(), lr=cfg.lr, ramp_steps=cfg.dsgd_ramp_steps))
+        job.setup_dynamic_sgd(model.parameters())  # lr, ramp, momentum... from the config
+        # A torch DataLoader per membership: it prefetches exactly this rank's next micro-batches.
+        loader = job.loader(train_set, num_workers=args.loader_workers)
         for step in job.steps():
-            for micro in step.micro_batches():  # may be empty at an epoch's tail: run it anyway
-                x, y = (
-                    default_collate([train_set[int(i)] for i in micro.ids])
-                    if len(micro.ids)
-                    else (torch.empty(0, 16), torch.empty(0, dtype=torch.int64))
-                )
-                loss = F.cross_entropy(model(x.to(job.device)), y.to(job.device), reduction="sum")
-                step.backward(loss)  # the micro-batch's SUM: etj weights it for the global batch
+            for x, y in step.batches(loader):  # an empty share is an empty batch: run it anyway
+                step.backward(F.cross_entropy(model(x.to(job.device)), y.to(job.device)))  # a mean: fine
             step.optimizer_step()
         accuracy = None
         if not job.stopped_early and job.world.rank == 0:

@@ -98,7 +98,9 @@ def test_the_example_runs_as_a_plain_script(
 def test_the_example_is_resized_in_place_and_keeps_exactly_once(tmp_path: Path) -> None:
     """`etj-train local --script examples/custom-loop/train.py` on 3 agents: one leaves at step 10, one is
     SIGKILLed at step 20 (the survivor redoes the step it was in), one joins at step 35 -- all three in
-    place, in the script's own processes (rank 0 starts once); every sample of every epoch exactly once."""
+    place, in the script's own processes (rank 0 starts once); every sample of every epoch exactly once,
+    read by the example's DataLoader (a worker process per rank, reopened on each resize) and trained with
+    PyTorch's default mean loss."""
     samples = tmp_path / "samples"
     env = {
         "ETJ_SCRIPT": json.dumps([str(EXAMPLE), "--hidden", "32"]),
@@ -117,6 +119,7 @@ def test_the_example_is_resized_in_place_and_keeps_exactly_once(tmp_path: Path) 
     text = "".join(f.read_text(errors="replace") for f in sorted(logs.glob("worker-*.log")))
     assert text.count("ready at step") == 1, "a worker restarted"
     assert "recovering in place" in text and "joiner warm" in text
+    assert "ConfigOverridden" not in text  # the example's keywords agree with the environment given here
     assert isinstance(result.get("accuracy"), float) and result["accuracy"] > 0.5  # type: ignore[operator]
     per_epoch = consumed_per_epoch(samples)
     assert sorted(per_epoch) == list(range(5))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from etj_contract import env as etj_env
@@ -49,6 +50,18 @@ def _script_env(script: list[str] | None) -> dict[str, str]:
 
     path = script[0] if script[0] == "-m" else os.path.abspath(script[0])
     return {etj_env.SCRIPT.name: json.dumps([path, *script[1:]])}
+
+
+def _refused(cmd: str, env: Mapping[str, str]) -> bool:
+    """Check the job's inputs (agent/preflight.py) before anything starts; print each problem by flag."""
+    import os
+
+    from etj_trainer.agent import preflight
+
+    refusals = preflight.check({**os.environ, **env})
+    for r in refusals:
+        print(f"etj-train {cmd}: {r.for_cli()}", file=sys.stderr)
+    return bool(refusals)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             **_train_env(ns),
             **_script_env(ns.script),
         }
+        if _refused("local", env):
+            return 2
         return local_main(ns.nodes, ns.schedule, env, ns.log_dir, procs_per_node=ns.procs_per_node)
     if ns.cmd == "train":
         import os
@@ -131,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         from etj_trainer.classifier.trainer import StopFlag, train
         from etj_trainer.config import TrainConfig
 
+        if _refused("train", _train_env(ns)):
+            return 2
         cfg = TrainConfig.from_env({**os.environ, **_train_env(ns)})
         stop = StopFlag()
         stop.install()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -110,6 +111,26 @@ class TrainConfig:
             setattr(cfg, k, val)
         return cfg
 
+    @classmethod
+    def with_defaults(
+        cls, defaults: Mapping[str, Any], env: Mapping[str, str] | None = None
+    ) -> tuple[TrainConfig, dict[str, tuple[Any, Any]]]:
+        """The config in etj's one precedence order: the ``ETJ_*`` environment (the operator, ``etj-train``
+        flags, ``spec.trainer.env``) over ``defaults`` (a script's own values, ``Job(lr=...)``) over the
+        field defaults. Returns it and what the environment overrode: ``{field: (given, from env)}``."""
+        e = os.environ if env is None else env
+        unknown = set(defaults) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown config fields {sorted(unknown)}")
+        set_by_env = {v.field for v in etj_env.CONFIG_FIELDS if v.read(e) is not None}
+        cfg = cls.from_env(e, **{k: v for k, v in defaults.items() if k not in set_by_env})
+        overridden = {
+            k: (v, getattr(cfg, k))
+            for k, v in defaults.items()
+            if k in set_by_env and str(getattr(cfg, k)) != str(v)
+        }
+        return cfg, overridden
+
     @property
     def min_ranks(self) -> int:
         """The job's minimum in ranks (training processes): replicas.min x processes per pod."""
@@ -126,3 +147,29 @@ class TrainConfig:
             power=self.lr_power,
             final_lr_fraction=self.lr_final_fraction,
         )
+
+
+class ConfigOverridden(UserWarning):
+    """A ``Job`` keyword that the ``ETJ_*`` environment set to another value (the environment wins)."""
+
+
+def config_for_job(config: TrainConfig | None, defaults: Mapping[str, Any]) -> TrainConfig:
+    """``Job``'s config in etj's one precedence order: ``config`` as given (with no keywords beside it),
+    else ``TrainConfig.with_defaults``, warning on rank 0 of each keyword the environment overrode."""
+    if config is not None:
+        if defaults:
+            raise TypeError(
+                f"Job(config=...) is used as given: pass {sorted(defaults)} in the TrainConfig instead"
+            )
+        return config
+    cfg, overridden = TrainConfig.with_defaults(defaults)
+    if os.environ.get("RANK", "0") == "0":  # one warning per job, not one per rank
+        for name, (given, env_value) in sorted(overridden.items()):
+            var = next(v.name for v in etj_env.CONFIG_FIELDS if v.field == name)
+            warnings.warn(
+                f"Job({name}={given!r}) is overridden by {var}={env_value!r} from the environment "
+                "(the environment comes first: the operator's job spec, etj-train flags)",
+                ConfigOverridden,
+                stacklevel=4,  # config_for_job <- Job.__init__ <- the script
+            )
+    return cfg

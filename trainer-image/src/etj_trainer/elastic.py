@@ -3,21 +3,28 @@
     import torch.nn.functional as F
     from etj_trainer import elastic
 
-    with elastic.Job(dataset_size=len(train_set), global_batch_size=256) as job:
+    with elastic.Job(dataset_size=len(train_set), global_batch_size=256, lr=0.1) as job:
         model = job.setup_model(Net())                     # to job.device; DDP per membership; checkpointed
-        opt = job.setup_optimizer(elastic.DynamicSGD(model.parameters(), lr=0.1, ramp_steps=100))
+        job.setup_dynamic_sgd(model.parameters())          # lr, ramp, momentum... from the config
+        loader = job.loader(train_set, num_workers=4)      # a torch DataLoader per membership
         for step in job.steps():                           # restores, then one Step per global step
-            for micro in step.micro_batches():             # this rank's share, in micro-batches
-                x, y = load(train_set, micro.ids)          # the dataset indices to train on
-                step.backward(F.cross_entropy(model(x), y, reduction="sum"))
+            for x, y in step.batches(loader):              # this rank's share, in micro-batches
+                step.backward(F.cross_entropy(model(x), y))  # a mean (or a sum): etj weights it
             step.optimizer_step()                          # commit, optimizer step, checkpoints, progress
 
 What etj guarantees for such a loop (the built-in trainer, ``classifier/trainer.py``, is one such loop):
 
 * **Fixed global batch**: each step's ``global_batch_size`` indices are split over the ranks of the moment
   (uneven shares allowed) and into micro-batches of at most ``micro_batch_size``; gradients are synced
-  once, on the last micro-batch. ``step.backward`` takes the micro-batch's *summed* loss and weights it so
-  that the all-reduced gradient is the mean over the global batch, whatever the split (batching/plan.py).
+  once, on the last micro-batch. ``step.backward`` takes the micro-batch's mean, sum or per-sample losses
+  (which one is read from the graph where certain, else given as ``reduction=``, else refused: loop/loss.py)
+  and weights it so that the all-reduced gradient is the mean over the global batch, whatever the split
+  (batching/plan.py). An empty share is an empty batch etj builds (``job.loader``).
+* **One config precedence**: ``Job(config=...)`` as given; else the ``ETJ_*`` environment over ``Job``'s
+  keywords over ``TrainConfig``'s defaults, with a ``ConfigOverridden`` warning when the environment
+  overrides a keyword.
+* **Loaders that follow the world** (loop/loader.py): ``job.loader`` opens a ``DataLoader`` (or your own
+  stream) per membership on exactly this rank's micro-batches, and drops its read-ahead on a resize.
 * **Exactly-once sampling** of ``range(dataset_size)``: a ``(seed, epoch)`` permutation read from one
   global position, which checkpoints and resizes carry over (batching/sampler.py).
 * **Dynamic SGD**: with ``resizePolicy: DynamicSGD`` the optimizer must be ``elastic.DynamicSGD``; its LR
@@ -47,25 +54,31 @@ inside a step are outside this: their failure goes up as an error (the restart p
 
 This module is the API's public face and reference; the code lives in the subpackages (docs/architecture.md):
 ``Job`` (loop/job.py: the loop, its state, checkpoints and failures), ``Step``, ``ElasticModule`` and
-``Membership`` (loop/step.py), the in-process resizes (resize/inplace.py), the reports to the operator
-(loop/report.py), and who this process is (core/world.py).
+``Membership`` (loop/step.py), ``Loader`` (loop/loader.py), the loss weighting (loop/loss.py), the
+in-process resizes (resize/inplace.py), the reports to the operator (loop/report.py), and who this process
+is (core/world.py).
 """
 
 from __future__ import annotations
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
-from etj_trainer.config import TrainConfig
+from etj_trainer.config import ConfigOverridden, TrainConfig
 from etj_trainer.core.world import StopFlag
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop.job import Job, last_job
+from etj_trainer.loop.loader import Loader
+from etj_trainer.loop.loss import Reduction
 from etj_trainer.loop.step import ElasticModule, Membership, Step
 
 __all__ = [
+    "ConfigOverridden",
     "DynamicSGD",
     "ElasticModule",
     "Job",
+    "Loader",
     "Membership",
     "Micro",
+    "Reduction",
     "Step",
     "StopFlag",
     "TrainConfig",

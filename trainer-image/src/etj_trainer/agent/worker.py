@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etj_contract import env as etj_env
+from etj_trainer.agent import preflight
 from etj_trainer.agent.agent_config import AgentConfig
 from etj_trainer.agent.rendezvous import (
     first_round_min_nodes,
@@ -53,6 +54,7 @@ from etj_trainer.agent.rendezvous import (
     patch_rendezvous_poll,
 )
 from etj_trainer.agent.worker_process import join_worker_entry
+from etj_trainer.core.progress import report_error
 
 log = logging.getLogger(__name__)
 
@@ -311,6 +313,13 @@ def _run(cfg: AgentConfig, first: Any, state_file: str, start_method: str) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
+    refused = preflight.check(os.environ, deep=False)  # no torch here before the forkserver's
+    if refused:  # before any worker starts: a bad input would only crash-loop them
+        for r in refused:
+            print(f"etj-train worker: {r.for_env()}", file=sys.stderr, flush=True)
+        worker_id = etj_env.WORKER_ID.get(os.environ, "worker")
+        report_error(f"{worker_id}: InputRefused: {refused[0].for_env()}")
+        return 1
     cfg = AgentConfig.from_env()
     print("etj-train worker: " + " ".join(cfg.torchrun_args()), flush=True)
     # The agent turns SIGTERM into SignalException itself; make sure SIGINT does the same for laptops.

@@ -7,6 +7,8 @@ import importlib
 import torch
 from torch import nn
 
+from etj_trainer.classifier.model_specs import OLD_MODULES
+
 
 def small_cnn(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
     """A few-thousand-parameter CNN: enough for digits, cheap enough for 2-core CI."""
@@ -27,15 +29,10 @@ def tiny_mlp(num_classes: int = 10, in_features: int = 3 * 8 * 8) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(in_features, 32), nn.Tanh(), nn.Linear(32, num_classes))
 
 
-# The built-in models' module before the trainer's subpackages (issue 27): job specs written then
-# (ETJ_MODEL, --model) name it, and must keep working.
-_OLD_MODULES = {"etj_trainer.models": __name__}
-
-
 def build_model(spec: str, num_classes: int) -> nn.Module:
     if ":" in spec:
         module_name, attr = spec.split(":", 1)
-        module_name = _OLD_MODULES.get(module_name, module_name)
+        module_name = OLD_MODULES.get(module_name, module_name)
         factory = getattr(importlib.import_module(module_name), attr)
         model = factory(num_classes=num_classes)
     else:

@@ -10,23 +10,20 @@ rank 0 before the final report.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.classifier import recipe
 from etj_trainer.classifier.models import build_model
 from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
 from etj_trainer.data.sources import open_source
 from etj_trainer.data.stream import Augmenter, BatchSource
-from etj_trainer.elastic import Job, Membership, StopFlag
+from etj_trainer.elastic import Job, StopFlag
 
 __all__ = ["EXIT_RESIZE", "StopFlag", "TrainResult", "evaluate", "train"]
 
@@ -82,35 +79,22 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
     job = Job(src.num_samples, cfg, stop=stop or StopFlag())
     net = build_model(cfg.model, cfg.num_classes).to(dtype=dtype)
     model = job.setup_model(net.to(memory_format=recipe.memory_format(job.device)))
-    job.setup_optimizer(
-        DynamicSGD(
-            recipe.param_groups(model.module, cfg.weight_decay, cfg.no_wd_norm_bias),
-            lr=cfg.lr,
-            ramp_steps=cfg.dsgd_ramp_steps,
-            momentum=cfg.momentum,
-            nesterov=cfg.nesterov,
-        ),
+    job.setup_dynamic_sgd(
+        recipe.param_groups(model.module, cfg.weight_decay, cfg.no_wd_norm_bias),
         scaler=recipe.grad_scaler(precision, job.device),
     )
     forward = recipe.autocast(precision, job.device)
-    loader: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = None
-    membership: Membership | None = None
+    # The source reads ahead: each membership's exact micro-batches, re-opened when the world changes.
+    loader = job.loader(
+        stream=src.batches,
+        empty=lambda: (
+            torch.empty((0, *src.sample_shape), dtype=dtype),
+            torch.empty((0,), dtype=torch.int64),
+        ),
+    )
     with job:
         for step in job.steps():
-            if step.membership is not membership:  # a new world: a new stream of this rank's micro-batches
-                _close(loader)
-                membership = step.membership
-                loader = src.batches(membership.upcoming())
-            assert loader is not None
-            for micro in step.micro_batches():
-                if len(micro.ids) == 0:
-                    x, y = (
-                        torch.empty((0, *src.sample_shape), dtype=dtype),
-                        torch.empty((0,), dtype=torch.int64),
-                    )
-                else:
-                    x, y = next(loader)
-                    assert len(y) == len(micro.ids), "loader out of step with the sampler"
+            for x, y in step.batches(loader):
                 with forward():
                     out = model(recipe.to_device(x, job.device))
                 loss = F.cross_entropy(
@@ -119,9 +103,9 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
                     reduction="sum",
                     label_smoothing=cfg.label_smoothing,
                 )
-                step.backward(loss)
+                step.backward(loss, reduction="sum")  # label smoothing hides the reduction from etj
             step.optimizer_step()
-        _close(loader)
+        loader.close()
         accuracy = None
         if not job.stopped_early and cfg.val_data and job.world.rank == 0:
             val = open_source(
@@ -146,9 +130,3 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         world_size=job.world.size,
         params={k: v.detach().clone() for k, v in model.module.state_dict().items()},
     )
-
-
-def _close(loader: Iterator[Any] | None) -> None:
-    close = getattr(loader, "close", None)
-    if close is not None:
-        close()  # a generator: runs its finally (DALI pipelines are released)

@@ -172,3 +172,4 @@ def open_source(
         augment=augment,
         val_resize=val_resize,
     )
+

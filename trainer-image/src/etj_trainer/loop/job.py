@@ -17,25 +17,26 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import fields
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import Dataset
 
-from etj_contract import env as etj_env
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.batching.plan import ResizePolicy, plan_step
 from etj_trainer.batching.sampler import ElasticSampler
 from etj_trainer.checkpoint.store import CheckpointStore, StateWriter
-from etj_trainer.config import TrainConfig
+from etj_trainer.config import TrainConfig, config_for_job
 from etj_trainer.core import devices
 from etj_trainer.core.progress import ProgressReporter
 from etj_trainer.core.rng import capture_rng, restore_rng
 from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.world import StopFlag, World, incarnation, installed
+from etj_trainer.data.stream import Micro
+from etj_trainer.loop.loader import Loader, make_loader
 from etj_trainer.loop.report import Report, progress
 from etj_trainer.loop.step import ElasticModule, Membership, Step, still_training
 from etj_trainer.resize import group_sockets, join, regroup
@@ -43,6 +44,7 @@ from etj_trainer.resize.inplace import InPlace, Resize
 from etj_trainer.resize.state_sync import agree_on_checkpoint
 
 log = logging.getLogger(__name__)
+B = TypeVar("B")
 
 
 class Stateful(Protocol):
@@ -61,9 +63,11 @@ def last_job() -> Job | None:
 class Job:
     """The world, the config, the registered state and the loop's bookkeeping; see the module docstring.
 
-    ``config``: a ``TrainConfig`` (default: from the ``ETJ_*`` environment the operator or ``etj-train
-    local`` sets); ``defaults``: config fields for what the environment does not set (e.g.
-    ``global_batch_size=256`` in a script that also runs outside etj).
+    The config, in one precedence order: ``config`` (a ``TrainConfig``, used as given; nothing else is
+    read), else the ``ETJ_*`` environment the operator or ``etj-train`` sets, over ``defaults`` (config
+    fields as keywords, e.g. ``global_batch_size=256, lr=0.1`` in a script that also runs outside etj),
+    over ``TrainConfig``'s defaults. A keyword the environment overrides with another value is warned
+    about (``ConfigOverridden``), on rank 0.
     """
 
     def __init__(
@@ -76,7 +80,7 @@ class Job:
     ) -> None:
         global _last_job
         self.t_start = time.monotonic()
-        self.config = cfg = config if config is not None else _config_from_env(defaults)
+        self.config = cfg = config_for_job(config, defaults)
         # A joiner forms its first group when the running world admits it (join.py); group_sockets: so a
         # survivor of a crash can shut the failed group's sockets (recover.close_failed_group).
         # First of all, this rank's own GPU (a script started by torchrun has no etj worker to bind it).
@@ -99,6 +103,7 @@ class Job:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scaler: torch.amp.GradScaler | None = None
         self.extra: dict[str, Stateful] = {}
+        self.loaders: list[Loader[Any]] = []  # closed with the job (their streams, DataLoader workers)
         self.membership: Membership | None = None
         self.report = Report(ProgressReporter(""), None, 0, False)  # started by steps()
         self.incarnation = 0.0  # the current membership's (world.incarnation)
@@ -151,6 +156,43 @@ class Job:
         self.optimizer, self.scaler = optimizer, scaler
         return optimizer
 
+    def setup_dynamic_sgd(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> DynamicSGD:
+        """A ``DynamicSGD`` from the config (``lr``, ``dsgd_ramp_steps``, ``momentum``, ``weight_decay``,
+        ``nesterov``; parameter groups may set their own), registered as the optimizer. Under either
+        resize policy: with FixedGlobalBatch its multiplier stays 1, and the config's LR schedule acts."""
+        cfg = self.config
+        opt = DynamicSGD(
+            params,
+            lr=cfg.lr,
+            ramp_steps=cfg.dsgd_ramp_steps,
+            momentum=cfg.momentum,
+            weight_decay=cfg.weight_decay,
+            nesterov=cfg.nesterov,
+        )
+        self.setup_optimizer(opt, scaler)
+        return opt
+
+    def loader(
+        self,
+        dataset: Dataset[Any] | None = None,
+        *,
+        stream: Callable[[Iterator[Micro]], Iterable[B]] | None = None,
+        empty: Callable[[], B] | None = None,
+        **dataloader_args: Any,
+    ) -> Loader[Any]:
+        """A loader of this rank's micro-batches that follows membership changes (loop/loader.py); read it
+        with ``step.batches(loader)``. Either a map-style ``dataset`` (through a ``torch.utils.data.
+        DataLoader``: ``num_workers``, ``collate_fn``, ``pin_memory``... in ``dataloader_args``), or your
+        own ``stream`` (``Micro``s in, one batch each out, in order) with ``empty()`` for an empty share.
+        Closed with the job."""
+        made = make_loader(dataset, stream, empty, dataloader_args)
+        self.loaders.append(made)
+        return made
+
     def register(self, name: str, obj: Stateful) -> None:
         """Checkpoint ``obj`` (anything with ``state_dict``/``load_state_dict``: an LR scheduler, an EMA)."""
         if name in ("model", "optimizer", "scaler", "sampler", "step", "rng", "meta"):
@@ -196,6 +238,7 @@ class Job:
             return
         self.finished = True
         w = self.world
+        self._close_loaders()
         self.writer.wait()
         if not self.stopped_early and self.membership is not None:
             self._save(shared=True)
@@ -248,6 +291,7 @@ class Job:
         if self._failure_handled or not self._committed:
             return
         self._failure_handled = True
+        self._close_loaders()
         if self._current is not None and not self._current.committed:
             self._current.roll_back()
         if self.world.local_rank != 0 or self.membership is None:
@@ -257,6 +301,10 @@ class Job:
             print(f"etj: a step failed; wrote the local copy of step {self.step}", flush=True)
         except Exception as e:  # the failure being raised is the one to report
             log.warning("could not write the local copy after a failed step: %s", e)
+
+    def _close_loaders(self) -> None:
+        for loader in self.loaders:
+            loader.close()
 
     # ---- state ---------------------------------------------------------------------------------------------
 
@@ -439,13 +487,3 @@ class Job:
         )
         self.report.resized_in_process(old_size, self.world, self.step, self.config.progress_url)
         self.survivors_go_on = False  # every rank of the old group that goes on is in the new one
-
-
-def _config_from_env(defaults: Mapping[str, Any]) -> TrainConfig:
-    """``TrainConfig.from_env()``, with ``defaults`` for the fields the environment leaves unset."""
-    names = {f.name for f in fields(TrainConfig)}
-    unknown = set(defaults) - names
-    if unknown:
-        raise TypeError(f"unknown config fields {sorted(unknown)}")
-    set_by_env = {v.field for v in etj_env.CONFIG_FIELDS if v.read(os.environ) is not None}
-    return TrainConfig.from_env(**{k: v for k, v in defaults.items() if k not in set_by_env})

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,17 @@ from etj_trainer.core.rng import HostGenerators
 from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.world import World
 from etj_trainer.data.stream import Micro
+from etj_trainer.loop import loss as losses
 from etj_trainer.resize import recover
+
+B = TypeVar("B")
+B_co = TypeVar("B_co", covariant=True)
+
+
+class Feed(Protocol[B_co]):
+    """What ``Step.batches`` reads from: a loader that yields a step's micro-batches (loop/loader.py)."""
+
+    def feed(self, step: Step) -> Iterator[B_co]: ...
 
 
 class StepHost(Protocol):
@@ -184,6 +194,7 @@ class Step:
         self._scale = membership.world.size / len(self.indices)
         self._undo = _Undo.capture(job.model.module if job.model is not None else None)
         self.committed = False
+        self._micro_samples: int | None = None  # the micro-batch being trained (a mean loss's count)
         self.lost: recover.Lost | None = None  # a peer died in this step: it is redone in a new membership
         if job.optimizer is not None:
             job.optimizer.zero_grad()  # to None, as a plain loop does: no memset of every gradient a step
@@ -205,13 +216,26 @@ class Step:
             if self.lost is not None:
                 return  # the rest of a lost step is not run
             last = i == len(slices) - 1
+            self._micro_samples = len(ids)
             with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # type: ignore[operator]
                 yield Micro(self.epoch, ids)
+        self._micro_samples = None
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of a micro-batch's *summed* loss, weighted so DDP's average is the global mean."""
+    def batches(self, feed: Feed[B]) -> Iterator[B]:
+        """This rank's micro-batches as ``feed`` (``job.loader(...)``) loads them; each is a ``micro_batches``
+        item (DDP's no_sync, the mean loss's count), an empty share an empty batch of the right shape."""
+        return feed.feed(self)
+
+    def backward(self, loss: torch.Tensor, reduction: str | None = None) -> None:
+        """Backward of a micro-batch's loss, weighted so DDP's average is the global batch's mean.
+
+        ``loss``: the micro-batch's mean (PyTorch's default), its sum, or one loss per sample; the
+        reduction is read from the loss's graph where that is certain, else it must be given
+        (``reduction="mean"|"sum"``), see loop/loss.py. A mean is rescaled by the micro-batch's samples.
+        """
         if self.lost is not None:
             return
+        loss = losses.summed(loss, self._micro_samples, reduction)
         scaled = loss * self._scale
         scaler = self.job.scaler
         with self.job.guard():  # the last micro-batch's backward all-reduces the gradients
