@@ -366,6 +366,21 @@ class WorkerDeletions:
                     self._note(name, relisted=True)
 
 
+def share(counts: dict[str, int], max_workers: int) -> dict[str, Any]:
+    """How the spot pool ended up shared among the jobs (all min 1, max ``max_workers``; created in index
+    order, all at once). Inversions: pairs where the later job has more workers while the earlier one is
+    short of its max (what "first come, first served" would not allow)."""
+    order = sorted(counts, key=lambda j: int(j.rsplit("-", 1)[1]))
+    workers = [counts[j] for j in order]
+    inversions = sum(1 for i, a in enumerate(workers) if a < max_workers for b in workers[i + 1 :] if b > a)
+    return {
+        "jobs_at_max": sum(1 for w in workers if w >= max_workers),
+        "jobs_below_min": sum(1 for w in workers if w < 1),
+        "workers_histogram": {str(n): workers.count(n) for n in sorted(set(workers))},
+        "inversions": inversions,
+    }
+
+
 def make_bed(args: argparse.Namespace, core: Any, run: str, pool: ThreadPoolExecutor) -> dict[str, Any]:
     n_spot = round(args.nodes * args.spot_fraction)
     names = [f"b{run}-{'spot' if i < n_spot else 'od'}-{i}" for i in range(args.nodes)]
@@ -470,6 +485,11 @@ def run_arm(
             time.sleep(2)
         out["settle_seconds"] = round(time.monotonic() - t0, 1)
         out["workers_running"] = len(running)
+        counts = {f"job-{i}": 0 for i in range(args.jobs)}
+        for p in running:
+            job = p.metadata.labels.get("etj.dev/job", "")
+            counts[job] = counts.get(job, 0) + 1
+        out["share"] = share(counts, args.workers_per_job)
 
         # Steady state: the bed's churn only (foreign status updates, heartbeats), jobs settled.
         s0, u0, c0, t0 = scrape_all(port), proc_usage(op.pid), counter.snapshot(), time.monotonic()
@@ -590,6 +610,10 @@ def run_arm(
         )
     finally:
         stop(op)
+        # The workers' GPUs must be free before the next arm. Deleting the namespace alone leaves that to
+        # the namespace controller, minutes on a loaded machine: delete the jobs and pods directly.
+        custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+        drained(core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False))
         drained(core.delete_namespace(ns, _preload_content=False))
         # The workers' GPUs must be free before the next arm: wait for the namespace's pods to go.
         end = time.monotonic() + 180
@@ -621,8 +645,16 @@ def main() -> int:
     updater: Updater | None = None
     try:
         result["bed"] = {k: v for k, v in bed.items() if not isinstance(v, list)}
-        # kwok marks the new pods Running (a burst of status writes); wait for the churn to settle.
-        time.sleep(10)
+        # kwok marks the new pods Running (a burst of status writes); wait for that churn to end.
+        t0 = time.monotonic()
+        while (
+            time.monotonic() - t0 < 600
+            and core.list_namespaced_pod(
+                bed["foreign_ns"], field_selector="status.phase!=Running", limit=1
+            ).items
+        ):
+            time.sleep(2)
+        result["bed"]["foreign_pods_running_seconds"] = round(time.monotonic() - t0, 1)
         updater = Updater(core, bed["foreign_ns"], bed["foreign_names"], args.foreign_update_seconds)
         time.sleep(min(30.0, args.bed_seconds))  # the update stream reaches its rate
         result["bed"]["quiet"] = bed_quiet(args, counter)
