@@ -62,6 +62,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="leave nodes and namespace behind")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pools", type=int, default=3, help="node pools per capacity type")
+    p.add_argument(
+        "--out", type=Path, help="also write the JSON here, after every arm (a long run keeps its arms)"
+    )
     p.add_argument("--foreign-pods", type=int, default=10000, help="pods that are not etj's")
     p.add_argument("--foreign-gpu-every", type=int, default=50, help="every Nth foreign pod takes a GPU")
     p.add_argument("--foreign-update-seconds", type=float, default=120, help="status update period per pod")
@@ -636,7 +639,7 @@ def main() -> int:
     pool = ThreadPoolExecutor(32)
     arms = [Arm(a) for a in args.arms.split(",") if a]
     result: dict[str, Any] = {
-        "params": vars(args) | {"kubeconfig": None},
+        "params": vars(args) | {"kubeconfig": None, "out": str(args.out) if args.out else None},
         "cpus": os.cpu_count(),
         "loadavg_start": loadavg(),
     }
@@ -667,6 +670,10 @@ def main() -> int:
         result["arms"] = {}
         for arm in arms:
             result["arms"][arm.name] = run_arm(arm, args, core, custom, run, bed, counter)
+            if args.out:
+                args.out.write_text(
+                    json.dumps(result | {"params": vars(args) | {"out": str(args.out)}}, indent=2)
+                )
         result["bed"]["foreign_updates_per_s"] = round(updater.rate(), 1)
         result["bed"]["foreign_update_errors"] = updater.errors
         result["bed"]["nodes_not_ready_at_end"] = sum(
@@ -682,7 +689,10 @@ def main() -> int:
             drained(core.delete_namespace(bed["foreign_ns"], _preload_content=False))
             list(pool.map(lambda n: core.delete_node(n, _preload_content=False).data, bed["names"]))
     result["loadavg_end"] = loadavg()
-    print(json.dumps(result, indent=2))
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text)
+    print(text)
     return 0
 
 
