@@ -671,9 +671,7 @@ def main() -> int:
         for arm in arms:
             result["arms"][arm.name] = run_arm(arm, args, core, custom, run, bed, counter)
             if args.out:
-                args.out.write_text(
-                    json.dumps(result | {"params": vars(args) | {"out": str(args.out)}}, indent=2)
-                )
+                args.out.write_text(json.dumps(result, indent=2))
         result["bed"]["foreign_updates_per_s"] = round(updater.rate(), 1)
         result["bed"]["foreign_update_errors"] = updater.errors
         result["bed"]["nodes_not_ready_at_end"] = sum(
