@@ -229,7 +229,7 @@ class Updater:
             }
         }
         try:
-            self.core.patch_namespaced_pod_status(name, self.ns, body, _preload_content=False).release_conn()
+            drained(self.core.patch_namespaced_pod_status(name, self.ns, body, _preload_content=False))
             self.done += 1
         except Exception:
             self.errors += 1
