@@ -135,5 +135,8 @@ class PodWatch:
                 if batch:
                     self.loop.call_soon_threadsafe(self.events, batch)
         finally:
+            # Closed, not just returned: a stream left mid-way (410, stop) still has unread bytes, and a
+            # pooled connection with leftovers breaks the next request made on it.
+            resp.close()
             resp.release_conn()
         return rv
