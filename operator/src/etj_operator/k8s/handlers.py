@@ -1,7 +1,11 @@
-"""kopf wiring: indices over Nodes and Pods, event handlers that wake the per-job loops.
+"""kopf wiring: an index over Nodes, the pod watch (k8s/pod_watch.py), handlers that wake the job loops.
 
 No handler here decides anything: indices keep parsed state (``NodeInfo``, ``PodInfo``, GPU usage),
 event handlers only kick the affected job's loop (``reconciler.JobRunner``), which calls the planner.
+
+Pods are not watched through kopf (issue 29): kopf cannot filter a watch on the server and runs its
+per-object machinery for every pod event, ours or not; pod_watch.py decodes each event once and feeds
+``observe.pod_index`` (per-node usage kept incrementally, etj's pods by job).
 
 Why no ``@kopf.timer``/``@kopf.daemon`` on the job: kopf puts a finalizer on objects with timers or
 daemons, so a job could not be deleted while the operator is down. The per-job asyncio loop started
@@ -11,10 +15,12 @@ progress annotations (event handlers are fire-and-forget).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 import kopf
@@ -24,10 +30,12 @@ from etj_operator.constants import LABEL_JOB
 from etj_operator.k8s import kube_api
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.metrics import METRICS
+from etj_operator.k8s.pod_watch import Event, PodWatch
 from etj_operator.k8s.reconciler import JobRunners
 from etj_operator.k8s.settings import Settings
 from etj_operator.observe.nodes import DEFAULT_RULES, CapacityRules, NodeInfo, node_info
-from etj_operator.observe.pods import TERMINAL_PHASES, PodInfo, countable_requests, pod_info
+from etj_operator.observe.pod_index import JobPods, UsageLedger, pod_contribution, pod_uid
+from etj_operator.observe.pods import PodInfo, pod_info
 from etj_operator.observe.signals import Signal
 from etj_operator.timeutil import utcnow
 
@@ -52,24 +60,27 @@ class _First(Mapping[Any, Any]):
         return len(self._index)
 
 
-class _Usage(Mapping[str, Mapping[str, int]]):
-    """Node name → resources requested by all pods bound there (summed over the index's values)."""
+class _MergedUsage(Mapping[str, Mapping[str, int]]):
+    """Several namespaces' ledgers read as one (namespaced mode with more than one namespace)."""
 
-    def __init__(self, index: Mapping[str, Any]) -> None:
-        self._index = index
+    def __init__(self, ledgers: list[UsageLedger]) -> None:
+        self._views = [ledger.view for ledger in ledgers]
 
     def __getitem__(self, key: str) -> Mapping[str, int]:
+        found = [v[key] for v in self._views if key in v]
+        if not found:
+            raise KeyError(key)
         total: dict[str, int] = {}
-        for req in self._index[key]:
+        for req in found:
             for res, n in req.items():
                 total[res] = total.get(res, 0) + n
         return total
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._index)
+        return iter({k for v in self._views for k in v})
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len({k for v in self._views for k in v})
 
 
 class State:
@@ -83,13 +94,22 @@ class State:
         self.first_seen: dict[tuple[str, str], datetime] = {}  # (node or pod, reason) → first observed
         self.node_state: dict[str, tuple[str | None, bool]] = {}  # node → (signal reason, schedulable)
         self.runners: JobRunners | None = None
+        # One ledger and one JobPods per watched namespace ("" : all); a relist replaces only its own.
+        self.scopes = settings.namespaces or ("",)
+        self.usage = {ns: UsageLedger() for ns in self.scopes}
+        self.pods = {ns: JobPods() for ns in self.scopes}
+        self.unlisted = set(self.scopes)  # scopes whose first listing has not arrived yet
+        self.pods_listed = asyncio.Event()  # the job loops plan only after every pod was listed once
+        self.watches: list[PodWatch] = []
 
     # World protocol (settings.World)
     def nodes(self) -> Mapping[str, NodeInfo]:
         return _First(self.indices["etj_nodes"])
 
     def node_usage(self) -> Mapping[str, Mapping[str, int]]:
-        return _Usage(self.indices["etj_node_usage"])
+        if len(self.usage) == 1:
+            return next(iter(self.usage.values())).view
+        return _MergedUsage(list(self.usage.values()))
 
     def deleted_nodes(self) -> Mapping[str, datetime]:
         cutoff = utcnow() - TOMBSTONE_TTL
@@ -99,15 +119,64 @@ class State:
         return self.tombstones
 
     def job_pods(self, namespace: str, job: str) -> list[PodInfo]:
-        index = self.indices["etj_job_pods"]
-        return list(index.get((namespace, job), ()))
+        book = self.pods.get("") or self.pods.get(namespace)
+        return book.get(namespace, job) if book is not None else []
 
     def jobs_on_node(self, node: str) -> set[tuple[str, str]]:
-        # A scan of our own pods (a few per job) instead of a third pod index: it runs only when a node
-        # changes state, while an index would cost a handler call on every pod event.
+        # A scan of our own pods (a few per job) instead of a node-keyed index: it runs only when a node
+        # changes state, while an index would cost work on every pod event.
         return {
-            key for key, pods in self.indices["etj_job_pods"].items() if any(p.node == node for p in pods)
+            key
+            for book in self.pods.values()
+            for key, pods in book.items()
+            if any(p.node == node for p in pods)
         }
+
+    # Pod watch callbacks (run on the event loop)
+    def pods_relisted(self, scope: str, items: list[dict[str, Any]]) -> None:
+        self.usage[scope].replace_all(
+            {pod_uid(b): c for b in items if (c := pod_contribution(b)) is not None}
+        )
+        book = self.pods[scope]
+        touched = book.keys()
+        book.clear()
+        for body in items:
+            self._job_pod(book, "ADDED", body)
+        touched |= book.keys()
+        self.unlisted.discard(scope)
+        if not self.unlisted:
+            self.pods_listed.set()
+        self._kick(touched)
+
+    def pod_events(self, scope: str, batch: list[Event]) -> None:
+        METRICS.watch_events.labels("pods").inc(len(batch))
+        ledger, book = self.usage[scope], self.pods[scope]
+        touched: set[tuple[str, str]] = set()
+        for kind, body in batch:
+            ledger.apply(pod_uid(body), None if kind == "DELETED" else pod_contribution(body))
+            key = self._job_pod(book, kind, body)
+            if key is not None:
+                touched.add(key)
+        self._kick(touched)
+
+    def _job_pod(self, book: JobPods, kind: str, body: Mapping[str, Any]) -> tuple[str, str] | None:
+        meta = body.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        if job is None:
+            return None  # not ours: it only counted toward its node's usage
+        ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        if kind == "DELETED":
+            book.remove(ns, job, name)
+            self.stamp(f"pod/{ns}/{name}", None)
+        else:
+            info = pod_info(body)
+            book.put(ns, job, replace(info, signal=self.stamp(f"pod/{ns}/{name}", info.signal)))
+        return (ns, job)
+
+    def _kick(self, keys: set[tuple[str, str]]) -> None:
+        if self.runners is not None:
+            for ns, job in keys:
+                self.runners.kick(ns, job)
 
     def stamp(self, key: str, signal: Signal | None) -> Signal | None:
         """Give a signal the time the operator first saw it (the start of the drain-latency clock).
@@ -142,24 +211,6 @@ async def etj_nodes(name: str, body: kopf.Body, memo: Any, **_: Any) -> dict[str
     return {name: replace(info, signal=state.stamp(f"node/{name}", info.signal))}
 
 
-@kopf.index("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=KOPF_REGISTRY)
-async def etj_job_pods(
-    namespace: str | None, name: str, body: kopf.Body, labels: Mapping[str, str], memo: Any, **_: Any
-) -> dict[tuple[str, str], PodInfo]:
-    info = pod_info(body)
-    stamped = _state(memo).stamp(f"pod/{namespace}/{name}", info.signal)
-    return {(namespace or "", labels[LABEL_JOB]): replace(info, signal=stamped)}
-
-
-@kopf.index("pods", registry=KOPF_REGISTRY)
-async def etj_node_usage(spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, dict[str, int]] | None:
-    node = spec.get("nodeName")
-    if not node or status.get("phase") in TERMINAL_PHASES:
-        return None  # finished pods hold no devices
-    requests = countable_requests(spec)
-    return {node: requests} if requests else None
-
-
 # --- lifecycle -----------------------------------------------------------------------------------
 @kopf.on.login(registry=KOPF_REGISTRY)
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -172,8 +223,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
     state = _state(memo)
     # Indices are live mappings; keep references so the job loops can read them between events.
-    for name in ("etj_nodes", "etj_job_pods", "etj_node_usage"):
-        state.indices[name] = kwargs[name]
+    state.indices["etj_nodes"] = kwargs["etj_nodes"]
     settings.posting.level = logging.WARNING  # post our own Events, not kopf's log lines
     settings.batching.batch_window = 0.02  # drain latency: do not sit on node events
     settings.watching.server_timeout = 300
@@ -187,11 +237,24 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     api = kube_api.api_client()  # a timeout on every request
     state.runners = JobRunners(state, KubeClient(api), state.settings)
+    loop = asyncio.get_running_loop()
+    for scope in state.scopes:
+        watch = PodWatch(
+            kube_api.api_client(),  # its own connections: a long watch never waits behind a drain
+            scope or None,
+            loop,
+            listed=partial(state.pods_relisted, scope),
+            events=partial(state.pod_events, scope),
+        )
+        watch.start()
+        state.watches.append(watch)
 
 
 @kopf.on.cleanup(registry=KOPF_REGISTRY)
 async def cleanup(memo: Any, **_: Any) -> None:
     state = _state(memo)
+    for watch in state.watches:
+        watch.stop()
     if state.runners is not None:
         await state.runners.stop_all()
         await state.runners.store.close()
@@ -202,21 +265,17 @@ async def cleanup(memo: Any, **_: Any) -> None:
 async def job_event(
     type: str | None, body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any
 ) -> None:
-    runners = _state(memo).runners
+    state = _state(memo)
+    # Like kopf's own indices: no plan before every pod was listed once, or a job's loop would see none
+    # of its workers and create them again (or count a busy node's GPUs as free).
+    await state.pods_listed.wait()
+    runners = state.runners
     if runners is None:
         return
     if type == "DELETED":
         await runners.remove(namespace or "", name)
     else:
         runners.upsert(body)
-
-
-@kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT}, registry=KOPF_REGISTRY)
-async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any) -> None:
-    METRICS.watch_events.labels("pods").inc()
-    runners = _state(memo).runners
-    if runners is not None:
-        runners.kick(namespace or "", labels[LABEL_JOB])
 
 
 @kopf.on.event("nodes", registry=KOPF_REGISTRY)

@@ -159,6 +159,9 @@ def components(layout: Layout) -> list[Component]:
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}",
                 "--cidr=10.244.0.1/16",
                 "--node-ip=127.0.0.1",
+                # Heartbeats through node Leases like kubelets' (renewed every 40/4 = 10 s; the
+                # controller-manager's --node-monitor-grace-period of 20 s allows one missed renewal).
+                "--node-lease-duration-seconds=40",
                 f"--server-address=127.0.0.1:{p['kwok']}",
             ],
             ready_url=f"http://127.0.0.1:{p['kwok']}/healthz",

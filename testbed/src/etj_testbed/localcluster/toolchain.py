@@ -79,17 +79,34 @@ def binary(name: str) -> Path:
 
 
 # kwok ships its default behaviours as Stage manifests in its module, not in the binary.
+# Nodes heartbeat through their Lease (kube-node-lease), as kubelets do since 1.17: the node-heartbeat stage
+# without a lease rewrote every Node's status every 20-45 s, a Node watch event each time (at 1,000 nodes,
+# ~30 events/s that every node watcher, etj's included, had to decode; issue 29). With the lease stage a
+# Node's status is rewritten every 10-20 min and the Lease (--node-lease-duration-seconds, components.py)
+# keeps it Ready.
 KWOK_STAGES = [
     "kustomize/stage/node/fast/node-initialize.yaml",
-    "kustomize/stage/node/heartbeat/node-heartbeat.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
     "kustomize/stage/pod/fast/pod-ready.yaml",
     "kustomize/stage/pod/fast/pod-complete.yaml",
     "kustomize/stage/pod/fast/pod-delete.yaml",
 ]
 
 
+# kwok plays each stage with 4 requests in flight by default: on a loaded 2-core machine, where one write
+# takes ~1 s, that is ~4 pods/s made Running, and a 10,000-pod bed took most of an hour (issue 29).
+KWOK_OPTIONS = """apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options:
+  podPlayStageParallelism: 32
+  nodePlayStageParallelism: 16
+  nodeLeaseParallelism: 16"""
+
+
 def kwok_stages() -> Path:
-    return bin_dir().parent / "kwok-stages.yaml"
+    # Named by the content: the toolchain cache is shared by checkouts that may want other stages.
+    digest = hashlib.sha256("\n".join([*KWOK_STAGES, KWOK_OPTIONS]).encode()).hexdigest()[:8]
+    return bin_dir().parent / f"kwok-stages-{digest}.yaml"
 
 
 def is_built() -> bool:
@@ -132,8 +149,8 @@ def _write_kwok_stages() -> None:
         kwok_dir = _run_checked(
             [_go(), "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], TOOLCHAIN_DIR, env, "go list -m"
         ).strip()
-    docs = [(Path(kwok_dir) / rel).read_text().strip() for rel in KWOK_STAGES]
-    tmp = work / "kwok-stages.yaml.tmp"
+    docs = [KWOK_OPTIONS, *((Path(kwok_dir) / rel).read_text().strip() for rel in KWOK_STAGES)]
+    tmp = work / f"{kwok_stages().name}.{os.getpid()}.tmp"
     tmp.write_text("\n---\n".join(docs) + "\n")
     tmp.replace(kwok_stages())
 

@@ -1,0 +1,44 @@
+"""The test bed's kwok nodes heartbeat through node Leases, as kubelets do (issue 29): the Lease is renewed
+while the Node object is not rewritten, so a bed of many nodes does not flood every node watcher."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from kubernetes import client
+
+from etj_testbed.localcluster import toolchain
+from tests.integration.opbed import Bed
+
+
+def test_kwok_is_configured_for_lease_heartbeats() -> None:
+    assert any("heartbeat-with-lease" in stage for stage in toolchain.KWOK_STAGES)
+    assert not any(stage.endswith("node/heartbeat/node-heartbeat.yaml") for stage in toolchain.KWOK_STAGES)
+
+
+def test_a_kwok_node_renews_its_lease_without_rewriting_the_node(bed: Bed) -> None:
+    name = bed.node("lease", "on-demand")
+    leases = client.CoordinationV1Api(bed.cluster.api_client())
+
+    def lease() -> Any:
+        try:
+            return leases.read_namespaced_lease(name, "kube-node-lease")
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    bed.wait("the node's Lease", lambda: lease() is not None, 60)
+    bed.wait(
+        "the node Ready",
+        lambda: any(
+            c.type == "Ready" and c.status == "True"
+            for c in (cast(Any, bed.core.read_node(name)).status.conditions or [])
+        ),
+        60,
+    )
+    node_rv = cast(Any, bed.core.read_node(name)).metadata.resource_version
+    first = lease().spec.renew_time
+    # One renewal (every 40 s / 4 = 10 s) while the Node object stays as it was.
+    bed.wait("a Lease renewal", lambda: lease().spec.renew_time != first, 60)
+    assert cast(Any, bed.core.read_node(name)).metadata.resource_version == node_rv
