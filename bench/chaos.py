@@ -177,6 +177,8 @@ class ChaosDemo(Demo):
             self.kubectl("uncordon", done["node"], check=False)
             self.event(f"drain of {done['node']} done in {done['seconds']} s (kubectl exit {done['exit']})")
             self.drain = None
+        for identity, code in self.replicas.restart_exited() if self.replicas is not None else []:
+            self.event(f"operator replica {identity} exited ({code}) by itself; restarted as a kubelet would")
         if self.replicas is not None and (failover := self.replicas.observe(now)) is not None:
             self.event(f"leader failover: {failover.new_leader} leads after {failover.seconds} s")
         self.watch_slow_store(now)
@@ -555,6 +557,9 @@ def main(argv: list[str]) -> int:
             for f in (demo.replicas.failovers if demo.replicas else [])
         ],
         "slow_stores": demo.slow_stores,
+        "replica_exits": [
+            {"replica": who, "code": code} for who, code in (demo.replicas.exits if demo.replicas else [])
+        ],
         "conditions": [
             {k: c.get(k) for k in ("type", "status", "reason", "message")}
             for c in status.get("conditions") or []

@@ -73,6 +73,7 @@ class Replicas:
     read_lease: Callable[[], JSON | None]
     serial: int = field(default=0)
     failovers: list[Failover] = field(default_factory=list)
+    exits: list[tuple[str, int]] = field(default_factory=list)  # replicas that exited by themselves
 
     def holder(self) -> str | None:
         return lease_holder(self.read_lease())
@@ -92,6 +93,19 @@ class Replicas:
         self._mark(f"chaos: {why}: replica {identity} (pid {old.pid}) SIGKILLed")
         self.procs[slot] = self._spawn(args_of(old))
         return identity
+
+    def restart_exited(self) -> list[tuple[str, int]]:
+        """Start again every replica that exited by itself, as the kubelet restarts a container: a leader
+        that cannot renew its Lease (an apiserver too slow to answer) exits by design. (identity, code)."""
+        exited: list[tuple[str, int]] = []
+        for slot in self.slots:
+            old = self.procs[slot]
+            if old.poll() is not None:
+                exited.append((identity_of(args_of(old)) or "?", old.returncode))
+                self._mark(f"chaos: replica {exited[-1][0]} exited ({old.returncode}); restarted")
+                self.procs[slot] = self._spawn(args_of(old))
+        self.exits.extend(exited)
+        return exited
 
     def kill_leader(self, now: float) -> str | None:
         """Kill the replica holding the Lease; None when no replica holds it (an election in progress)."""

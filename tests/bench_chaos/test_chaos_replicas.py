@@ -6,8 +6,20 @@ tested in tests/integration/test_operator_ha.py.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
-from bench.chaos_replicas import Failover, identity_of, leader_flags, lease_holder, with_identity
+from bench.chaos_replicas import (
+    Failover,
+    Replicas,
+    args_of,
+    identity_of,
+    leader_flags,
+    lease_holder,
+    with_identity,
+)
 
 BASE = ["python", "-m", "etj_operator.cli", "operator", "run", "-n", "etj-chaos"]
 
@@ -51,3 +63,18 @@ def test_failover_is_the_time_to_the_first_other_holder(case: str) -> None:
     for holder, now in seen:
         failover.observe(holder, now)
     assert (failover.new_leader, failover.seconds) == want
+
+
+def test_a_replica_that_exits_by_itself_is_restarted_under_a_new_identity(tmp_path: Path) -> None:
+    """A leader that cannot renew its Lease exits by design (seen in a chaos run on a loaded machine: the
+    bench then stopped as if the operator had crashed); the kubelet would restart it, so the bench does."""
+    exits = [sys.executable, "-c", "import sys; sys.exit(3)", *leader_flags("ns", "chaos-op-0")]
+    first = subprocess.Popen(exits)
+    first.wait(30)
+    procs: list[subprocess.Popen[bytes]] = [first]
+    replicas = Replicas(procs, [0], tmp_path / "operator.log", lambda: None)
+    assert replicas.restart_exited() == [("chaos-op-0", 3)]
+    assert procs[0] is not first and identity_of(args_of(procs[0])) == "chaos-op-1"
+    procs[0].wait(30)
+    assert replicas.exits == [("chaos-op-0", 3)]
+    assert "chaos-op-0 exited (3); restarted" in (tmp_path / "operator.log").read_text()
