@@ -250,6 +250,20 @@ def test_status_writes_carry_the_version_they_were_computed_from(monkeypatch: py
     asyncio.run(rounds())
 
 
+def _runner_with_a_crashed_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[JobRunner, RecordingKube, list[str]]:
+    """A job of 4 workers, one of them crashed; the reasons of the Events it posts are collected."""
+    import kopf
+
+    posted: list[str] = []
+    monkeypatch.setattr(kopf, "event", lambda *a, **kw: posted.append(kw["reason"]))
+    crashed = worker(3, "n3", phase="Failed", exit_code=1)
+    world = StaticWorld([worker(0, "n0"), worker(1, "n1"), worker(2, "n2"), crashed], _nodes(4))
+    kube = RecordingKube()
+    return JobRunner("ns", "train", world, kube, Settings(progress_seconds=0), StoreClient()), kube, posted
+
+
 def test_a_conflicting_status_write_is_planned_again_and_its_events_are_posted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -257,16 +271,9 @@ def test_a_conflicting_status_write_is_planned_again_and_its_events_are_posted(
     worker's failure (and its WorkerFailed Warning) was lost: the drained pod is gone from the next plan.
     Now the plan is computed again on the newer job with the same observation and written on its version:
     the failure counts once, on top of what the other writer wrote, and the Events are posted."""
-    import kopf
-
     from tests.operator.factories import started
 
-    posted: list[str] = []
-    monkeypatch.setattr(kopf, "event", lambda *a, **kw: posted.append(kw["reason"]))
-    crashed = worker(3, "n3", phase="Failed", exit_code=1)
-    world = StaticWorld([worker(0, "n0"), worker(1, "n1"), worker(2, "n2"), crashed], _nodes(4))
-    kube = RecordingKube()
-    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=0), StoreClient())
+    runner, kube, posted = _runner_with_a_crashed_worker(monkeypatch)
     runner.body = _job_body("41", started(4, failures=1))
     kube.conflicts = 1
     kube.current = _job_body("57", started(4, failures=2))  # another writer counted a failure meanwhile
@@ -278,16 +285,9 @@ def test_a_conflicting_status_write_is_planned_again_and_its_events_are_posted(
 
 
 def test_conflicts_in_a_row_fail_the_round_but_its_events_are_posted(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kopf
-
     from tests.operator.factories import started
 
-    posted: list[str] = []
-    monkeypatch.setattr(kopf, "event", lambda *a, **kw: posted.append(kw["reason"]))
-    crashed = worker(3, "n3", phase="Failed", exit_code=1)
-    world = StaticWorld([worker(0, "n0"), worker(1, "n1"), worker(2, "n2"), crashed], _nodes(4))
-    kube = RecordingKube()
-    runner = JobRunner("ns", "train", world, kube, Settings(progress_seconds=0), StoreClient())
+    runner, kube, posted = _runner_with_a_crashed_worker(monkeypatch)
     runner.body = kube.current = _job_body("41", started(4))
     kube.conflicts = 10
     with pytest.raises(StatusConflict):
