@@ -329,9 +329,10 @@ class PodRunner:
     def _pulled(self) -> bool:
         """Wait out the node's simulated image pull (its annotation); False if the pod goes meanwhile."""
         node = self.ctx.kube.get_or_none(f"/api/v1/nodes/{self.pod['spec'].get('nodeName')}")
-        until = time.monotonic() + pull_seconds(node)
-        if until > time.monotonic():
-            log.info("pod %s: pulling its image for %.0f s (node annotation)", self.key, pull_seconds(node))
+        pull_s = pull_seconds(node)
+        until = time.monotonic() + pull_s
+        if pull_s > 0:
+            log.info("pod %s: pulling its image for %.0f s (node annotation)", self.key, pull_s)
         while time.monotonic() < until and not self._stopping():
             self._wake.wait(min(POLL_S * 4, max(0.0, until - time.monotonic())))
             self._wake.clear()
