@@ -11,7 +11,9 @@ The failover time (kill to the standby holding the Lease) is printed; with the s
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.cluster
 LEASE = ["--lease-seconds=6", "--renew-seconds=4", "--retry-seconds=1"]
 
 
-def _replica(cluster: Cluster, bed: Bed, tmp_path: Path, name: str) -> OperatorProcess:
+def _replica(cluster: Cluster, bed: Bed, tmp_path: Path, name: str, *extra: str) -> OperatorProcess:
     return OperatorProcess(
         Path(cluster.kubeconfig),
         bed.ns,
@@ -35,6 +37,7 @@ def _replica(cluster: Cluster, bed: Bed, tmp_path: Path, name: str) -> OperatorP
         f"--leader-election-namespace={bed.ns}",
         f"--leader-identity={name}",
         *LEASE,
+        *extra,
     ).start()
 
 
@@ -72,6 +75,49 @@ def test_the_standby_takes_over_a_killed_leader_and_the_jobs_carry_on(
         b.stop()  # SIGTERM: stop kopf, hand the Lease back
         bed.wait("the Lease released", lambda: leader.holder(election, api) is None, 30)
         assert b.proc is not None and b.proc.returncode == 0, b.logs()
+    except (AssertionError, TimeoutError, client.ApiException):
+        print("--- a ---\n", a.logs(), "\n--- b ---\n", b.logs() if b else "")
+        raise
+    finally:
+        a.kill()
+        if b is not None:
+            b.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _healthz(port: int) -> str | None:
+    """The body of a 200 answer on /healthz, else None."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            return resp.read().decode() if resp.status == 200 else None
+    except OSError:
+        return None
+
+
+def test_a_standby_answers_its_health_probe_and_the_leader_after_it(
+    bed: Bed, cluster: Cluster, tmp_path: Path
+) -> None:
+    # The chart probes /healthz for liveness and readiness. A standby without an answer was restarted by
+    # its kubelet every minute and never Ready, so a rolling update of the two replicas hung (kind).
+    api = cluster.api_client()
+    election = leader.Election(namespace=bed.ns, identity="")
+    port = _free_port()
+    a = _replica(cluster, bed, tmp_path, "a")
+    b: OperatorProcess | None = None
+    try:
+        bed.wait("replica a holding the Lease", lambda: leader.holder(election, api) == "a", 60)
+        b = _replica(cluster, bed, tmp_path, "b", f"--liveness-port={port}")
+        bed.wait("replica b standing by", lambda: "stands by" in b.logs(), 60)
+        bed.wait("the standby's /healthz", lambda: "standby" in (_healthz(port) or ""), 30)
+        a.stop()  # SIGTERM: the Lease is handed back, b leads and kopf's endpoint takes the port
+        bed.wait("replica b holding the Lease", lambda: leader.holder(election, api) == "b", 60)
+        bed.wait("kopf's /healthz on its port", lambda: "standby" not in (_healthz(port) or "standby"), 60)
+        assert b.proc is not None and b.proc.poll() is None, b.logs()
     except (AssertionError, TimeoutError, client.ApiException):
         print("--- a ---\n", a.logs(), "\n--- b ---\n", b.logs() if b else "")
         raise

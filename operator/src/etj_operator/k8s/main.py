@@ -27,6 +27,7 @@ from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
 from etj_operator.k8s import handlers, kube_api, leader
 from etj_operator.k8s.metrics import serve
 from etj_operator.k8s.settings import Settings
+from etj_operator.k8s.standby_health import StandbyHealth
 from etj_operator.observe.nodes import CapacityRules
 
 log = logging.getLogger(__name__)
@@ -283,8 +284,12 @@ def run_elected(args: argparse.Namespace) -> int:
     api = kube_api.api_client()
     stop = threading.Event()
     leading = threading.Event()
+    # Healthy while standing by (k8s/standby_health.py); kopf's own endpoint replaces it on leading.
+    standby = StandbyHealth(args.liveness_port) if args.liveness_port else None
 
     def work() -> None:
+        if standby is not None:
+            standby.close()
         leading.set()
         asyncio.run(operator(args, stop_flag=stop))
         leader.release(election, api)
