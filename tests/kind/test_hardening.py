@@ -77,9 +77,10 @@ def test_a_drain_of_the_store_node_completes_and_the_job_trains_on(kind: KindBed
 
 
 def _holder(kind: KindBed) -> str | None:
+    """The pod holding the leader Lease (its identity is the pod's name and a suffix per process)."""
     lease: dict[str, Any] = kind.kube.get_or_none(LEASE) or {}
-    holder = (lease.get("spec") or {}).get("holderIdentity")
-    return str(holder) if holder else None
+    holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+    return holder.rsplit("-", 1)[0] if holder else None
 
 
 def _operator_pods(kind: KindBed) -> dict[str, str]:
