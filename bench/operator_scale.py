@@ -72,6 +72,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steady-seconds", type=float, default=30, help="steady-state cost window")
     p.add_argument("--restart-watch", type=float, default=20, help="wrong-drain watch after the restart")
     p.add_argument(
+        "--extra-priority-class",
+        default="",
+        metavar="NAME",
+        help="run every arm with this elastic-extra PriorityClass (created if missing: value -10, never "
+        "preempting), so the pool is shared by the rule of docs/operator.md; unset: first come, first served",
+    )
+    p.add_argument(
         "--arms",
         default="new",
         help="comma list: new (this checkout's operator) or NAME=PATH (operator/src of another checkout)",
@@ -269,7 +276,9 @@ class Arm:
         self.name, _, src = spec.partition("=")
         self.src = src or None
 
-    def start(self, kubeconfig: str, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    def start(
+        self, kubeconfig: str, port: int, log_path: Path, extra: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         if self.src:  # ahead of the venv's editable install: that checkout's operator runs
             env["PYTHONPATH"] = self.src + os.pathsep + env.get("PYTHONPATH", "")
@@ -288,6 +297,7 @@ class Arm:
                 "0",
                 "--progress-seconds",
                 "0",
+                *extra,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -448,6 +458,25 @@ def bed_quiet(args: argparse.Namespace, counter: EventCounter) -> dict[str, Any]
     }
 
 
+def sharing_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    return ("--extra-priority-class", args.extra_priority_class) if args.extra_priority_class else ()
+
+
+def ensure_extra_class(api: Any, name: str) -> None:
+    """The chart's elastic-extra PriorityClass (templates/priorityclass.yaml), for a bed without the chart."""
+    body = {
+        "metadata": {"name": name},
+        "value": -10,
+        "preemptionPolicy": "Never",
+        "description": "etj workers beyond their job's replicas.min (bench)",
+    }
+    try:
+        client.SchedulingV1Api(api).create_priority_class(body)
+    except client.ApiException as exc:
+        if exc.status != 409:  # already there: fine
+            raise
+
+
 def run_arm(
     arm: Arm,
     args: argparse.Namespace,
@@ -463,7 +492,7 @@ def run_arm(
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"etj-bench-{run}-{arm.name}.log"
     out: dict[str, Any] = {"source": arm.src or "this checkout", "log": str(log_path)}
-    op = arm.start(args.kubeconfig, port, log_path)
+    op = arm.start(args.kubeconfig, port, log_path, sharing_flags(args))
     try:
         wait_metrics(port, op)
         t0 = time.monotonic()
@@ -581,7 +610,7 @@ def run_arm(
         stop(op)
         watcher = WorkerDeletions(core, ns)
         t0 = time.monotonic()
-        op = arm.start(args.kubeconfig, port, log_path)
+        op = arm.start(args.kubeconfig, port, log_path, sharing_flags(args))
         wait_metrics(port, op)
         up_s = time.monotonic() - t0
         planned_s = None
@@ -643,6 +672,8 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "loadavg_start": loadavg(),
     }
+    if args.extra_priority_class:
+        ensure_extra_class(api, args.extra_priority_class)
     counter = EventCounter(core)
     bed = make_bed(args, core, run, pool)
     updater: Updater | None = None

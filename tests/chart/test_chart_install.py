@@ -113,6 +113,8 @@ class Release:
             # ServiceAccount); leader election among replicas is tested in tests/integration.
             "replicaCount": 1,
             "leaderElection": {"enabled": False},
+            # Cluster-scoped: named after the release, so that no other install in the shared cluster owns it.
+            "sharing": {"extraPriorityClass": {"name": f"{self.name}-elastic-extra"}},
             "operator": {
                 "livenessPort": self.liveness_port,
                 "resyncSeconds": 5,

@@ -80,6 +80,7 @@ def test_default_render_creates_exactly_the_operator_objects() -> None:
         ("CustomResourceDefinition", "elastictrainingjobs.etj.dev", None),
         ("Deployment", "etj", NS),
         ("PodDisruptionBudget", "etj", NS),
+        ("PriorityClass", "etj-elastic-extra", None),
         ("Role", "etj-leader-election", NS),
         ("RoleBinding", "etj-leader-election", NS),
         ("Secret", "etj-token-key", NS),
@@ -471,6 +472,16 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
     ("scrape interval", {"metrics": {"serviceMonitor": {"interval": "often"}}}, ["/metrics/serviceMonitor"]),
     ("extra arg not a flag", {"operator": {"extraArgs": ["rm -rf"]}}, ["/operator/extraArgs/0"]),
     ("trainer image empty", {"trainer": {"image": ""}}, ["/trainer/image"]),
+    (
+        "extra class name",
+        {"sharing": {"extraPriorityClass": {"name": "Extra"}}},
+        ["/sharing/extraPriorityClass"],
+    ),
+    (
+        "extra class value",
+        {"sharing": {"extraPriorityClass": {"value": "-10"}}},
+        ["/sharing/extraPriorityClass"],
+    ),
 ]
 
 
@@ -548,3 +559,29 @@ def test_prices_and_deadline_values_reach_the_operators_settings(monkeypatch: py
     assert settings.prices.source == "our 2026 contract"
     assert settings.deadline_costs.on_demand_startup_s == 240.0
     assert settings.deadline_costs.resize_s == 12.5
+
+
+def test_sharing_creates_the_extra_priority_class_and_the_operator_uses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sharing.* -> a PriorityClass below every job's that never preempts, and ETJ_EXTRA_PRIORITY_CLASS ->
+    Settings.extra_priority_class (docs/operator.md, "Many jobs, one spot pool")."""
+    objs = render({})
+    pc = one(objs, "PriorityClass")
+    assert (pc["value"], pc["preemptionPolicy"], pc["globalDefault"]) == (-10, "Never", False)
+    env = {e["name"]: e.get("value") for e in _operator_container(objs)["env"]}
+    monkeypatch.setenv("ETJ_EXTRA_PRIORITY_CLASS", env["ETJ_EXTRA_PRIORITY_CLASS"])
+    assert build_state(_operator_flags(objs)).settings.extra_priority_class == "etj-elastic-extra"
+
+    # A class managed elsewhere: named, not created.
+    objs = render({"sharing": {"extraPriorityClass": {"name": "spot-extras", "create": False}}})
+    assert find(objs, "PriorityClass") == []
+    env = {e["name"]: e.get("value") for e in _operator_container(objs)["env"]}
+    assert env["ETJ_EXTRA_PRIORITY_CLASS"] == "spot-extras"
+
+    # Off: no class, and every worker runs at its job's priority (first come, first served).
+    objs = render({"sharing": {"enabled": False}})
+    assert find(objs, "PriorityClass") == []
+    assert "ETJ_EXTRA_PRIORITY_CLASS" not in {e["name"] for e in _operator_container(objs)["env"]}
+    monkeypatch.delenv("ETJ_EXTRA_PRIORITY_CLASS")
+    assert build_state(_operator_flags(objs)).settings.extra_priority_class is None

@@ -408,6 +408,13 @@ _CAPACITY_LIST: dict[str, Any] = {
 }
 
 
+PriorityClassName = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=253),
+    Matches(DNS_SUBDOMAIN_RE, "priorityClassName must be a lower-case DNS name"),
+]
+
+
 class RendezvousPlacement(ApiModel):
     """Where the job's rendezvous store pod (TCPStore + progress endpoint) may run."""
 
@@ -423,14 +430,7 @@ class RendezvousPlacement(ApiModel):
     tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(
         default_factory=list, description="Tolerations of the store pod."
     )
-    priority_class_name: (
-        Annotated[
-            str,
-            StringConstraints(min_length=1, max_length=253),
-            Matches(DNS_SUBDOMAIN_RE, "priorityClassName must be a lower-case DNS name"),
-        ]
-        | None
-    ) = Field(
+    priority_class_name: PriorityClassName | None = Field(
         default=None,
         description="PriorityClass of the store pod, so that the scheduler does not preempt it for other "
         "work (losing the store costs the job its rendezvous).",
@@ -456,5 +456,12 @@ class Placement(ApiModel):
         default=None,
         description="A Kubernetes Affinity for worker pods (merged with the operator's capacity-type rule); "
         "the apiserver validates it with Kubernetes' own schema.",
+    )
+    priority_class_name: PriorityClassName | None = Field(
+        default=None,
+        description="PriorityClass of the workers that bring the job up to replicas.min: the job's priority "
+        "among jobs sharing a pool. Workers beyond min run at the operator's elastic-extra class (lower "
+        "than every job's), so another job's min workers preempt them (docs/operator.md, 'Many jobs, one "
+        "spot pool'). Unset: the cluster's default priority.",
     )
     rendezvous: RendezvousPlacement = section(RendezvousPlacement, "Placement of the rendezvous store pod.")

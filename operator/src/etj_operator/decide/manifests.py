@@ -200,13 +200,14 @@ def worker_pod(
     startup_workers: int = 1,
     capacity: CapacityType | None = None,
     avoid_nodes: Sequence[str] = (),
+    priority_class: str | None = None,
 ) -> dict[str, Any]:
     """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image).
 
     ``startup_workers``: the job's workers once this pod's batch exists (the plan's ``startup_workers``).
     ``capacity``: pin the pod to that capacity type (the deadline policy's spot and on-demand workers),
     labelled ``etj.dev/capacity`` so the planner knows which of its workers to release first. ``avoid_nodes``:
-    nodes it must not run on (the plan's: workers crashed there)."""
+    nodes it must not run on (the plan's: workers crashed there). ``priority_class``: decide/sharing.py."""
     name = worker_name(job, slot)
     placement = spec.placement
     volumes, mounts = _worker_storage(spec)
@@ -234,6 +235,7 @@ def worker_pod(
         "securityContext": _restricted_pod(),
         "containers": [container],
         "volumes": volumes,
+        **({"priorityClassName": priority_class} if priority_class else {}),
         "tolerations": [
             *capacity_tolerations(types),
             *(t.to_dict() for t in placement.tolerations),

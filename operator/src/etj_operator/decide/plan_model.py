@@ -39,6 +39,9 @@ class JobView:
     # The operator's default prices (the chart's ``prices``) and what a change costs a job (``deadline``).
     prices: PriceDefaults = field(default_factory=PriceDefaults)
     deadline_costs: DeadlineCosts = field(default_factory=DeadlineCosts)
+    # The operator's elastic-extra PriorityClass (--extra-priority-class, the chart's sharing values):
+    # workers beyond replicas.min run at it (decide/sharing.py). None: every worker at the job's priority.
+    extra_priority_class: str | None = None
 
 
 def trainer_image(job: JobView) -> str | None:
@@ -74,6 +77,9 @@ class Plan:
     create_workers: list[int] = field(default_factory=list)  # slots; names are <job>-worker-<slot>
     # Slots of new workers pinned to on-demand capacity (the deadline policy asks for them).
     create_on_demand: list[int] = field(default_factory=list)
+    # Slots of create_workers and create_on_demand that run at the elastic-extra PriorityClass (beyond
+    # replicas.min); the others run at the job's own (decide/sharing.py).
+    extra_workers: list[int] = field(default_factory=list)
     pin_spot: bool = False  # create_workers are pinned to spot (a job whose deadline policy adds on-demand)
     # Workers the job has once those of create_workers that fit on free capacity now exist: new agents wait
     # (bounded) for that many before their first rendezvous (etj_trainer/agent/first_round.py), so a job's

@@ -22,6 +22,8 @@ from etj_operator.decide.interruptions import interruption_of, not_ready_wait, s
 from etj_operator.decide.job_status import StatusInputs, build_status, stalled_seconds
 from etj_operator.decide.plan_deadline import deadline_step, schedule_status
 from etj_operator.decide.plan_model import JobView, Observed, Plan, trainer_image
+from etj_operator.decide.refill import workers_to_add
+from etj_operator.decide.sharing import extra_slots
 from etj_operator.decide.slots import free_slots, next_rendezvous_index
 from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.observe.pods import PodInfo
@@ -239,8 +241,13 @@ def refill_workers(c: PlanContext) -> None:
     out = c.out
     out.create_on_demand = free_slots(c.workers, c.capacity.add_on_demand)
     out.pin_spot = c.capacity.pin_spot
-    adding = workers_to_add(c, len(c.survivors) + len(out.create_on_demand))
+    survivors = len(c.survivors) + len(out.create_on_demand)
+    adding = workers_to_add(c.spec, c.prev, out, c.lazy, c.obs.now, survivors)
     out.create_workers = free_slots(c.workers, adding, out.create_on_demand)
+    # Which of them run beyond min, at the elastic-extra class; on-demand first: the deadline policy bought
+    # them to keep the job on time.
+    creates = [*out.create_on_demand, *out.create_workers]
+    out.extra_workers = extra_slots(c.spec.replicas.min, c.survivors, creates, c.job.extra_priority_class)
     if out.create_workers:
         # Only pods with room now: one waiting for the autoscaler must not hold the first world back.
         placeable = min(len(out.create_workers), c.lazy.get().total)
@@ -357,44 +364,3 @@ STEPS: tuple[Step, ...] = (
     warn_report_missing,
     expire_ttl,
 )
-
-
-# Drains whose worker is replaced at once, not a resize: a crash (within the budget) and a Pending worker
-# recreated with the affinity it should have now.
-REPLACED_AT_ONCE = frozenset({Reason.WORKER_FAILED, Reason.AVOIDANCE_EXPIRED})
-
-
-def _last_resize(status: ElasticTrainingJobStatus) -> datetime | None:
-    return max((e.time for e in status.resize_history), default=None)
-
-
-def workers_to_add(c: PlanContext, survivors: int) -> int:
-    """How many new worker pods to create now; sets a requeue when a timer will allow more later."""
-    spec, prev, now, out = c.spec, c.prev, c.obs.now, c.out
-    missing = spec.replicas.max - survivors
-    if missing <= 0:
-        return 0
-    # Below min the job cannot train at all: waiting gains nothing, so refill at once. A crashed worker
-    # (within the failure budget) is restarted at once too: that restores the size, it is no new resize.
-    restarts = sum(1 for d in out.drains if d.reason in REPLACED_AT_ONCE and d.role == "worker")
-    urgent = min(missing, max(0, spec.replicas.min - survivors) + restarts)
-    rest = missing - urgent
-    if rest == 0:
-        return urgent
-    last = _last_resize(prev)
-    if any(d.reason not in REPLACED_AT_ONCE for d in out.drains):
-        last = now  # a resize is happening right now
-    if prev.start_time is None and not prev.resize_history:
-        return missing  # first start: ask for everything, pending pods drive the autoscaler
-    cooldown = timedelta(seconds=spec.scaling.cooldown_seconds)
-    if last is not None and now < last + cooldown:
-        out.requeue((last + cooldown - now).total_seconds())
-        return urgent
-    delay = timedelta(seconds=spec.scaling.scale_up_delay_seconds)
-    # Capacity that just appeared must survive scaleUpDelaySeconds first (spot flapping); when there is
-    # no free capacity at all, pending pods are exactly what asks the autoscaler for nodes.
-    capacity = c.lazy.get() if delay else None
-    if capacity is not None and capacity.young_since is not None and capacity.settled < rest:
-        out.requeue((capacity.young_since + delay - now).total_seconds())
-        return urgent + capacity.settled
-    return missing

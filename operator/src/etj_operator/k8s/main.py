@@ -97,6 +97,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "the chart's deadline.resizeSeconds); part of the safety margin and of the no-thrash rule",
     )
     p.add_argument(
+        "--extra-priority-class",
+        default=os.environ.get("ETJ_EXTRA_PRIORITY_CLASS") or None,
+        metavar="NAME",
+        help="PriorityClass of workers beyond a job's replicas.min, lower than every job's and never "
+        "preempting, so every job gets its min before any job more ($ETJ_EXTRA_PRIORITY_CLASS; the chart's "
+        "sharing.extraPriorityClass); unset: every worker at its job's priority",
+    )
+    p.add_argument(
         "--default-capacity-type",
         choices=[c.value for c in CapacityType],
         default="on-demand",
@@ -208,6 +216,7 @@ def build_state(args: argparse.Namespace) -> handlers.State:
         network_policy=args.network_policy,
         operator_namespace=args.operator_namespace,
         operator_pod_labels=_pairs(args.operator_pod_label, "--operator-pod-label"),
+        extra_priority_class=args.extra_priority_class or None,
         prices=PriceDefaults(args.price_spot, args.price_on_demand, args.price_source),
         deadline_costs=DeadlineCosts(
             on_demand_startup_s=args.on_demand_startup_seconds,

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from etj_contract.replicas import Replicas
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
-from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
+from etj_operator.constants import ROLE_WORKER
 from etj_operator.decide import dataplane, manifests
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.k8s.client import KubeClient, StatusConflict
@@ -33,7 +33,7 @@ from etj_operator.k8s.rejections import rejections
 from etj_operator.k8s.settings import Settings, World
 from etj_operator.k8s.status_write import STATUS_WRITE_ATTEMPTS, post_events, record_written
 from etj_operator.k8s.store_client import StoreClient, StoreLink
-from etj_operator.observe.pods import PodInfo
+from etj_operator.observe.pods import PodInfo, pod_info
 from etj_operator.timeutil import utcnow
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,7 @@ class JobRunner:
             default_image=self.settings.default_trainer_image,
             prices=self.settings.prices,
             deadline_costs=self.settings.deadline_costs,
+            extra_priority_class=self.settings.extra_priority_class,
         )
 
     async def reconcile(self) -> Plan | None:
@@ -223,10 +224,12 @@ class JobRunner:
                 image=result.trainer_image,
                 index=result.rendezvous_index,
             )
-            creates.append(self._create(store, ROLE_RENDEZVOUS, None))
+            creates.append(self._create(store))
         pinned = [(s, CapacityType.SPOT if result.pin_spot else None) for s in result.create_workers]
         pinned += [(s, CapacityType.ON_DEMAND) for s in result.create_on_demand]
+        extras = set(result.extra_workers)
         for slot, capacity in pinned:
+            extra = slot in extras
             body = manifests.worker_pod(
                 job.spec,
                 job=job.name,
@@ -238,8 +241,9 @@ class JobRunner:
                 startup_workers=result.startup_workers,
                 capacity=capacity,
                 avoid_nodes=result.avoid_nodes,
+                priority_class=job.extra_priority_class if extra else job.spec.placement.priority_class_name,
             )
-            creates.append(self._create(body, ROLE_WORKER, slot))
+            creates.append(self._create(body))
         return rejections(await asyncio.gather(*creates, return_exceptions=True))
 
     async def _drain(
@@ -265,10 +269,12 @@ class JobRunner:
             METRICS.interruption_to_drain.observe(max(0.0, (utcnow() - since).total_seconds()))
         log.info("drained %s/%s: %s", job.namespace, name, reason)
 
-    async def _create(self, body: dict[str, Any], role: str, slot: int | None) -> None:
+    async def _create(self, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
         await self.kube.create_pod(body)  # AlreadyExists is fine: the name is deterministic
-        info = PodInfo(name=name, job=self.name, role=role, slot=slot, phase="Pending")
+        # Parsed from the body: until the index sees the pod, the planner reads its class (min worker or
+        # extra: decide/sharing.py) here.
+        info = pod_info(body)
         self.expect_create[name] = (info, time.monotonic() + EXPECTATION_TTL)
 
     def _token(self) -> str:

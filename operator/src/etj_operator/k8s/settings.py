@@ -38,6 +38,9 @@ class Settings:
     # Default prices for status.cost (the chart's ``prices``) and the deadline policy's cost of a change.
     prices: PriceDefaults = field(default_factory=PriceDefaults)
     deadline_costs: DeadlineCosts = field(default_factory=DeadlineCosts)
+    # PriorityClass of workers beyond replicas.min (the chart creates it): lower than every job's, so
+    # jobs share a pool by the rule in decide/sharing.py. None: every worker at its job's priority.
+    extra_priority_class: str | None = None
 
 
 class World(Protocol):

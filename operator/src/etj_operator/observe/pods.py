@@ -48,6 +48,9 @@ class PodInfo:
     owner_uid: str = ""  # uid of the controlling ElasticTrainingJob
     pinned: str | None = None  # the capacity type the pod is pinned to (etj.dev/capacity), if any
     avoids: tuple[str, ...] = ()  # the nodes it was created to avoid (etj.dev/avoided-nodes)
+    # spec.priorityClassName: fixed at creation, it says whether a worker is one of the job's min workers
+    # or an elastic extra (decide/sharing.py).
+    priority_class: str | None = None
 
     @property
     def active(self) -> bool:
@@ -120,6 +123,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         finished_at=finished_at,
         last_line=last_line,
         requests=countable_requests(spec),
+        priority_class=spec.get("priorityClassName") or None,
         owner_uid=next(
             (o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("controller")), ""
         ),

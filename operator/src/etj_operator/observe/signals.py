@@ -28,7 +28,11 @@ class Reason(StrEnum):
     NODE_NOT_READY = "NodeNotReady"
     NODE_DELETED = "NodeDeleted"
     NODE_LOST = "NodeLost"  # the container vanished with its machine (the kubelet came back without it)
-    POD_DISRUPTED = "PodDisrupted"  # DisruptionTarget condition set by kubelet/taint manager/preemption
+    POD_DISRUPTED = "PodDisrupted"  # DisruptionTarget condition set by kubelet/taint manager/eviction
+    # The kube-scheduler preempted the worker for a higher-priority pod (another job's min worker: the
+    # sharing rule, decide/sharing.py). A planned shrink of an elastic job, never a failure: not in
+    # INTERRUPTIONS, so failurePolicy.countInterruptions does not count it either.
+    PREEMPTED = "Preempted"
     WORKER_FAILED = "WorkerFailed"
     # A Pending worker created to avoid a node no longer avoided (expired, or dropped by the cap): recreated.
     AVOIDANCE_EXPIRED = "AvoidanceExpired"
@@ -75,6 +79,9 @@ INTERRUPTIONS = frozenset(
     }
 )
 
+# The DisruptionTarget reason the kube-scheduler sets on a pod it preempts (k8s.io/api/core/v1).
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+
 # A container's terminated reason when the runtime no longer knows it: the machine died under it (a power
 # loss, a killed VM or kind node) and the kubelet, back up, reports the container gone, not a process exit.
 # containerd says "Unknown" with exit code 255; the kubelet itself "ContainerStatusUnknown" with 137.
@@ -115,7 +122,7 @@ def pod_signal(body: Mapping[str, Any]) -> Signal | None:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
             why = cond.get("reason") or "DisruptionTarget"
             return Signal(
-                Reason.POD_DISRUPTED,
+                Reason.PREEMPTED if why == PREEMPTION_BY_SCHEDULER else Reason.POD_DISRUPTED,
                 f"pod has DisruptionTarget ({why}): {cond.get('message') or ''}".rstrip(": "),
                 parse_time(cond.get("lastTransitionTime")),
             )
