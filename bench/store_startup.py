@@ -47,7 +47,7 @@ def _store_answers(ip: str) -> bool:
     from torch.distributed import TCPStore
 
     client = TCPStore(ip, RDZV_PORT, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10))
-    client.set("etj-bench", b"ok")
+    client.set("etj-bench", "ok")
     return bool(client.get("etj-bench") == b"ok" and client.add("etj-bench-n", 2) == 2)
 
 
@@ -77,10 +77,16 @@ def sizes(image: str, compressed: bool) -> dict[str, Any]:
         "size_mb": round(int(_docker("image", "inspect", "-f", "{{.Size}}", image)) / 1e6, 1)
     }
     if compressed:
+        # Counted as it streams: a trainer image's archive is gigabytes.
         save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
-        gz = subprocess.run(["gzip", "-c"], stdin=save.stdout, capture_output=True, check=True)
-        save.wait()
-        out["compressed_mb"] = round(len(gz.stdout) / 1e6, 1)
+        gz = subprocess.Popen(["gzip", "-c"], stdin=save.stdout, stdout=subprocess.PIPE)
+        assert gz.stdout is not None
+        total = 0
+        while chunk := gz.stdout.read(1 << 20):
+            total += len(chunk)
+        if save.wait() or gz.wait():
+            raise RuntimeError(f"docker save {image} | gzip failed")
+        out["compressed_mb"] = round(total / 1e6, 1)
     torch = subprocess.run(
         ["docker", "run", "--rm", image, "python3", "-c", "import torch; print(torch.__version__)"],
         capture_output=True,

@@ -21,11 +21,11 @@ def _listener() -> tuple[int, int]:
 def test_without_libuv_the_store_serves_on_its_socket(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[bool] = []
 
-    def no_libuv_torch(*args: Any, use_libuv: bool, **kwargs: Any) -> TCPStore:
-        asked.append(use_libuv)
-        if use_libuv:  # what Debian's torch says
+    def no_libuv_torch(*args: Any, **kwargs: Any) -> TCPStore:
+        asked.append(kwargs["use_libuv"])
+        if kwargs["use_libuv"]:  # what Debian's torch says
             raise DistStoreError("use_libuv was requested but PyTorch was built without libuv support")
-        return TCPStore(*args, use_libuv=use_libuv, **kwargs)
+        return TCPStore(*args, **kwargs)
 
     monkeypatch.setattr(store_server, "TCPStore", no_libuv_torch)
     port, fd = _listener()
@@ -34,7 +34,7 @@ def test_without_libuv_the_store_serves_on_its_socket(monkeypatch: pytest.Monkey
     client = TCPStore(
         "127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10)
     )
-    client.set("k", b"v")
+    client.set("k", "v")
     assert server.get("k") == b"v" and client.add("n", 2) == 2
 
 
