@@ -8,7 +8,8 @@
 #      and a Python base on it;
 #   3. the operator image (Dockerfile) and the CPU trainer image (trainer-image/Dockerfile.cpu), built from
 #      the repository's Dockerfiles with only PYTHON_IMAGE changed (and TORCH_INDEX where the PyTorch index
-#      is unreachable);
+#      is unreachable); the small store image (trainer-image/Dockerfile.store) on a Debian forky base made
+#      the same way, skipped (stores then run the trainer image) when Debian's torch is not the trainer's;
 #   4. kind (go install sigs.k8s.io/kind), Kubernetes (kubelet, kubeadm, kubectl, control plane, kube-proxy,
 #      etcd) from the control plane's pinned Go module, CoreDNS, kube-network-policies, crictl and
 #      local-path-provisioner from theirs, their images, and a kind node image assembled from them;
@@ -34,6 +35,7 @@ PAUSE_VERSION=3.10.2                  # kubeadm v1.36's PauseVersion
 CLUSTER=${ETJ_KIND_CLUSTER:-etj}
 OPERATOR_IMAGE=${ETJ_OPERATOR_IMAGE:-ghcr.io/etj-dev/etj-operator:dev}
 TRAINER_IMAGE=${ETJ_TRAINER_IMAGE:-ghcr.io/etj-dev/etj-trainer:dev-cpu}
+STORE_IMAGE=${ETJ_STORE_IMAGE:-ghcr.io/etj-dev/etj-store:dev}
 SHARED_DIR=${ETJ_E2E_SHARED_DIR:-/var/tmp/etj-e2e}
 TOOLCHAIN="$ROOT/testbed/src/etj_testbed/localcluster/toolchain"
 export DOCKER_BUILDKIT=0   # the legacy builder: BuildKit's `# syntax=` line would pull docker/dockerfile from Docker Hub
@@ -169,7 +171,39 @@ ensure_etj_images() {
   torch_index
   build_image "$TRAINER_IMAGE" "$ROOT" -f "$ROOT/trainer-image/Dockerfile.cpu" \
     --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" "${TORCH_INDEX_ARGS[@]}"
+  ensure_store_image
 }
+# The store image (trainer-image/Dockerfile.store): Debian testing's python3-torch on a forky base, made like
+# the bookworm one (offline: mmdebstrap + docker import). Never fatal: when Debian's torch is not the
+# trainer's pin (the suite moves) or forky cannot be fetched, the image is not built, nothing points at it,
+# and the jobs' stores run the trainer image as before.
+STORE_SUITE=forky
+STORE_BASE_IMAGE=etj.local/debian:$STORE_SUITE-minbase
+ensure_store_base() {
+  [ -n "${ETJ_PYTHON_IMAGE:-}" ] && return 0   # a registry is reachable: the Dockerfile's debian:forky-slim
+  have_image "$STORE_BASE_IMAGE" && return 0
+  local tar="$KCACHE/debian-$STORE_SUITE-minbase.tar"
+  if [ ! -s "$tar" ]; then
+    step "mmdebstrap --variant=minbase $STORE_SUITE (the store image's base)"
+    # A testing suite's Release carries Valid-Until; a mirror snapshot older than it would be refused. The
+    # option stays in the base (/etc/apt/apt.conf.d/99mmdebstrap) for the image's own apt-get.
+    timed "mmdebstrap $STORE_SUITE" nice -n 10 mmdebstrap --quiet --variant=minbase --format=tar \
+      --aptopt='Acquire::Check-Valid-Until "false"' "$STORE_SUITE" "$tar.tmp" || return 1
+    mv "$tar.tmp" "$tar"
+  fi
+  timed "docker import $STORE_BASE_IMAGE" docker import "$tar" "$STORE_BASE_IMAGE" >/dev/null
+}
+ensure_store_image() {
+  local base=()
+  [ -n "${ETJ_PYTHON_IMAGE:-}" ] || base=(--build-arg "DEBIAN_IMAGE=$STORE_BASE_IMAGE")
+  # A subshell: build_image dies on failure, which here must only skip the store image.
+  if (ensure_store_base && build_image "$STORE_IMAGE" "$ROOT" -f "$ROOT/trainer-image/Dockerfile.store" "${base[@]}"); then
+    return 0
+  fi
+  docker image rm "$STORE_IMAGE" >/dev/null 2>&1 || true   # an older build must not be loaded instead
+  step "store image NOT built (see above; a torch version mismatch says so): the jobs' stores run the trainer image $TRAINER_IMAGE"
+}
+
 # The CUDA trainer image (trainer-image/Dockerfile), for GPU clusters; kind has no GPU, so `up` does not build
 # it. Offline, its nvidia/cuda base is replaced by the Python base: torch's wheels carry their CUDA libraries,
 # and only the driver comes from the host.
@@ -442,7 +476,9 @@ crictl inspecti -q "$img" >/dev/null'
 load_images() {
   local workers img n id t0 src
   ensure_registry
-  for img in "$OPERATOR_IMAGE" "$TRAINER_IMAGE"; do
+  local images=("$OPERATOR_IMAGE" "$TRAINER_IMAGE")
+  have_image "$STORE_IMAGE" && images+=("$STORE_IMAGE")   # not built: the stores run the trainer image
+  for img in "${images[@]}"; do
     # The operator runs on the control plane (scripts/kind/operator-values.yaml), the trainer on the workers.
     if [ "$img" = "$OPERATOR_IMAGE" ]; then
       workers=$("$KIND" get nodes --name "$CLUSTER" | sort)
@@ -494,10 +530,13 @@ install_chart() {
   local repo=${OPERATOR_IMAGE%:*} tag=${OPERATOR_IMAGE##*:} t0=$SECONDS
   kubectl get namespace "$RELEASE_NAMESPACE" >/dev/null 2>&1 || kubectl create namespace "$RELEASE_NAMESPACE" >&2
   kubectl label --overwrite namespace "$RELEASE_NAMESPACE" pod-security.kubernetes.io/enforce=restricted >&2
-  step "helm upgrade --install $RELEASE charts/etj (image $OPERATOR_IMAGE, pullPolicy Never, trainer $TRAINER_IMAGE)"
+  # The store image where it was built (ensure_store_image): the operator's default for the jobs' stores.
+  local store=""
+  have_image "$STORE_IMAGE" && store=$STORE_IMAGE
+  step "helm upgrade --install $RELEASE charts/etj (image $OPERATOR_IMAGE, pullPolicy Never, trainer $TRAINER_IMAGE, store ${store:-the trainer image})"
   helm upgrade --install "$RELEASE" "$ROOT/charts/etj" --namespace "$RELEASE_NAMESPACE" \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=Never \
-    --set trainer.image="$TRAINER_IMAGE" --values "$KIND_DIR/operator-values.yaml" \
+    --set trainer.image="$TRAINER_IMAGE" --set trainer.storeImage="$store" --values "$KIND_DIR/operator-values.yaml" \
     --set-string podAnnotations.etj\\.dev/image-id="$(docker image inspect -f '{{.Id}}' "$OPERATOR_IMAGE" | cut -c8-19)" \
     --wait --timeout 5m >&2
   kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
@@ -561,6 +600,15 @@ case "$cmd" in
     ensure_dockerd
     ensure_base_images
     ;;
+  store-image)
+    # Only the store image (and what it needs): its name on stdout, or an error when it was not built.
+    lock
+    ensure_packages
+    ensure_dockerd
+    ensure_store_image
+    have_image "$STORE_IMAGE" || exit 1
+    echo "$STORE_IMAGE"
+    ;;
   cuda-image)
     lock
     ensure_packages
@@ -575,7 +623,7 @@ case "$cmd" in
     ensure_dockerd
     ensure_base_images
     ensure_etj_images
-    [ "$cmd" = images ] && { step "images ready: $OPERATOR_IMAGE $TRAINER_IMAGE"; exit 0; }
+    [ "$cmd" = images ] && { step "images ready: $OPERATOR_IMAGE $TRAINER_IMAGE $STORE_IMAGE"; exit 0; }
     ensure_kind
     ensure_node_image
     [ "$cmd" = node-image ] && { echo "$NODE_IMAGE"; exit 0; }
@@ -587,7 +635,7 @@ case "$cmd" in
   down)
     [ -x "$KIND" ] && "$KIND" delete cluster --name "$CLUSTER" >&2
     ;;
-  *) die "usage: $0 [up|docker|images|cuda-image|node-image|install|demo|e2e|config|env|down]" ;;
+  *) die "usage: $0 [up|docker|images|store-image|cuda-image|node-image|install|demo|e2e|config|env|down]" ;;
 esac
 }
 main "$@"; exit

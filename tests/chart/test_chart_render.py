@@ -265,6 +265,20 @@ def test_default_trainer_image_and_operator_image_values(monkeypatch: pytest.Mon
     assert pinned["image"] == f"r.example.com/op@{digest}"
 
 
+def test_store_image_value_reaches_the_operators_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chart trainer.storeImage -> ETJ_DEFAULT_STORE_IMAGE -> Settings.default_store_image (issue 26); the
+    default (empty) sets no variable: the stores run the jobs' trainer image, as before."""
+    monkeypatch.delenv("ETJ_DEFAULT_STORE_IMAGE", raising=False)
+    default_env = {e["name"] for e in _operator_container(render({}))["env"]}
+    assert "ETJ_DEFAULT_STORE_IMAGE" not in default_env
+    objs = render({"trainer": {"storeImage": "registry.example.com/etj-store:2.14.1"}})
+    env = {e["name"]: e.get("value") for e in _operator_container(objs)["env"]}
+    assert env["ETJ_DEFAULT_STORE_IMAGE"] == "registry.example.com/etj-store:2.14.1"
+    monkeypatch.setenv("ETJ_DEFAULT_STORE_IMAGE", env["ETJ_DEFAULT_STORE_IMAGE"])
+    settings = build_state(_operator_flags(objs)).settings
+    assert settings.default_store_image == "registry.example.com/etj-store:2.14.1"
+
+
 def test_network_policy_value_and_the_operators_identity_reach_its_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -482,6 +496,7 @@ BAD_VALUES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"sharing": {"extraPriorityClass": {"value": "-10"}}},
         ["/sharing/extraPriorityClass"],
     ),
+    ("store image with a space", {"trainer": {"storeImage": "etj store:1"}}, ["/trainer/storeImage"]),
 ]
 
 

@@ -23,7 +23,8 @@ from tests.chart.helmbed import REPO, one, render
 OPERATOR = REPO / "Dockerfile"
 TRAINER = REPO / "trainer-image" / "Dockerfile"
 TRAINER_CPU = REPO / "trainer-image" / "Dockerfile.cpu"
-DOCKERFILES = [OPERATOR, TRAINER, TRAINER_CPU]
+STORE = REPO / "trainer-image" / "Dockerfile.store"
+DOCKERFILES = [OPERATOR, TRAINER, TRAINER_CPU, STORE]
 
 
 @dataclass
@@ -133,6 +134,16 @@ def test_trainer_image_versions_are_pyproject_pins(dockerfile: Path) -> None:
     assert '"/src[trainer]"' in text  # and the rest of the trainer extra comes from pyproject itself
 
 
+def test_store_image_torch_is_the_trainers_pin_and_the_build_checks_it() -> None:
+    """The store image takes torch from Debian, not from the pin: the build must compare the two (a store
+    on another torch may not speak the workers' TCPStore protocol) and fail, not build a mismatched store."""
+    assert args_of(STORE)["TORCH_VERSION"] == trainer_pins()["torch"]
+    run = " ".join(i.value for i in parse(STORE) if i.keyword == "RUN")
+    assert "apt-cache policy python3-torch" in run and '"${TORCH_VERSION}+"*' in run and "exit 1" in run
+    assert '"python3-torch=${candidate}"' in run  # the version checked is the version installed
+    assert "torch.__version__.split('+')[0] == '${TORCH_VERSION}'" in run  # and what Python imports
+
+
 def test_pin_check_catches_a_drift(tmp_path: Path) -> None:
     drifted = tmp_path / "Dockerfile"
     drifted.write_text(TRAINER.read_text().replace("ARG TORCH_VERSION=", "ARG TORCH_VERSION=0.0.1-was-"))
@@ -165,6 +176,9 @@ def test_base_images_are_pinned_releases_and_python_meets_requires_python() -> N
             python = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-\w+", base)
             if python:
                 assert (int(python.group(1)), int(python.group(2))) >= minimum, base
+            elif dockerfile == STORE:
+                # Debian testing: the suite whose python3-torch is the trainer's torch (and Python >= 3.14).
+                assert re.fullmatch(r"debian:forky(-\d{8})?-slim", base), base
             else:
                 assert base.startswith("nvidia/cuda:"), f"{dockerfile.name}: unexpected base {base}"
     # The operator and the CPU trainer share one Python base (one set of CVEs to follow).
@@ -185,7 +199,7 @@ def _user(path: Path) -> tuple[int, int]:
 def test_images_run_as_the_non_root_users_the_pods_declare() -> None:
     pod = one(render(), "Deployment")["spec"]["template"]["spec"]
     assert _user(OPERATOR) == (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"])
-    for trainer in (TRAINER, TRAINER_CPU):
+    for trainer in (TRAINER, TRAINER_CPU, STORE):
         assert _user(trainer) == (NONROOT_UID, NONROOT_UID)
 
 
@@ -251,6 +265,7 @@ def test_each_image_copies_its_own_side_and_the_contract_never_the_test_bed() ->
     assert _copied(OPERATOR) == {*project, "operator/src", "contract/src"}
     for trainer in (TRAINER, TRAINER_CPU):
         assert _copied(trainer) == {*project, "trainer-image/src", "contract/src"}, trainer.name
+    assert _copied(STORE) == {"trainer-image/src", "contract/src"}  # no pyproject: nothing is pip-installed
 
 
 # ---- digests: what can be checked without a registry ---------------------------------------------

@@ -258,8 +258,16 @@ class TrainerSpec(ApiModel):
         "the operator's default trainer image (the chart's trainer.image), recorded in status.trainerImage "
         "when the job first starts so that workers added later run the same image.",
     )
+    store_image: Annotated[str, StringConstraints(min_length=1, max_length=512)] | None = Field(
+        default=None,
+        description="Image of the job's rendezvous store pod (etj-train store: torch's TCPStore and the "
+        "progress endpoint, no CUDA). Unset: the operator's default store image (the chart's "
+        "trainer.storeImage, e.g. the small CPU-only etj-store image), else the trainer image. It must "
+        'carry the trainer\'s torch version (docs/operator.md, "Rendezvous store"). Mutable: only a new '
+        "store pod runs a changed one.",
+    )
     image_pull_policy: PullPolicy = Field(
-        default=PullPolicy.IF_NOT_PRESENT, description="Image pull policy of the worker containers."
+        default=PullPolicy.IF_NOT_PRESENT, description="Image pull policy of the worker and store containers."
     )
     command: Annotated[list[Arg], Field(min_length=1, max_length=32)] = Field(
         default_factory=lambda: list(DEFAULT_COMMAND),

@@ -270,7 +270,8 @@ def _store_container(
     """The store pod's one container: ``etj-train store`` (TCPStore and the progress endpoint)."""
     return {
         "name": "store",
-        "image": _image(spec, image),
+        # The planner's resolved store image (plan_model.store_image); called without one, the spec's.
+        "image": _image(spec, image or spec.trainer.store_image),
         "imagePullPolicy": spec.trainer.image_pull_policy.value,
         # Its own address only: process-backed pods (the local bed) share one machine's network.
         "command": [

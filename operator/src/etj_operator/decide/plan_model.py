@@ -36,6 +36,9 @@ class JobView:
     # The operator's default trainer image (--default-trainer-image, the chart's trainer.image), for jobs
     # whose spec names none.
     default_image: str | None = None
+    # The operator's default store image (--default-store-image, the chart's trainer.storeImage): the small
+    # CPU-only image for the rendezvous pod, which needs torch's TCPStore and nothing of CUDA.
+    default_store_image: str | None = None
     # The operator's default prices (the chart's ``prices``) and what a change costs a job (``deadline``).
     prices: PriceDefaults = field(default_factory=PriceDefaults)
     deadline_costs: DeadlineCosts = field(default_factory=DeadlineCosts)
@@ -48,6 +51,16 @@ def trainer_image(job: JobView) -> str | None:
     """The image the job's pods run: the spec's; else the one the job already runs (status.trainerImage),
     so a changed operator default never mixes two images in one job; else the operator's default."""
     return job.spec.trainer.image or job.status.trainer_image or job.default_image
+
+
+def store_image(job: JobView, trainer: str | None) -> str | None:
+    """The image of a new store pod: the spec's storeImage, else the operator's default store image, else
+    ``trainer`` (the resolved trainer image, which carries etj-train store too). None when ``trainer`` is:
+    a job that cannot run workers creates no store either. Not recorded in status: the store holds no
+    state a new image could misread, and a replaced store may run a changed default."""
+    if trainer is None:
+        return None
+    return job.spec.trainer.store_image or job.default_store_image or trainer
 
 
 @dataclass(frozen=True)
@@ -91,7 +104,8 @@ class Plan:
     rendezvous_index: int = 0  # the new store pod is names.rendezvous_pod_name(job, index)
     rendezvous_capacity: list[CapacityType] = field(default_factory=list)
     status: ElasticTrainingJobStatus = field(default_factory=ElasticTrainingJobStatus)
-    trainer_image: str | None = None  # what new worker and store pods run (None: nothing may be created)
+    trainer_image: str | None = None  # what new worker pods run (None: nothing may be created)
+    store_image: str | None = None  # what a new store pod runs (None exactly when trainer_image is None)
     events: list[KubeEvent] = field(default_factory=list)
     new_failures: int = 0
     # Nodes new worker pods must not run on (status.avoidedNodes): a required NotIn on kubernetes.io/hostname.

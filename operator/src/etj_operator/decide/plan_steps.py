@@ -21,7 +21,7 @@ from etj_operator.decide.finish import FINAL_REPORT_MISSING, Finish, finish
 from etj_operator.decide.interruptions import interruption_of, not_ready_wait, store_drains
 from etj_operator.decide.job_status import StatusInputs, build_status, stalled_seconds
 from etj_operator.decide.plan_deadline import deadline_step, schedule_status
-from etj_operator.decide.plan_model import JobView, Observed, Plan, trainer_image
+from etj_operator.decide.plan_model import JobView, Observed, Plan, store_image, trainer_image
 from etj_operator.decide.refill import workers_to_add
 from etj_operator.decide.sharing import extra_slots
 from etj_operator.decide.slots import free_slots, next_rendezvous_index
@@ -223,6 +223,7 @@ def resolve_image(c: PlanContext) -> None:
     """Without an image (none in the spec, none recorded, no operator default) no pod can be created; the
     Ready condition and a Warning event say so, and the job waits for a spec edit."""
     c.out.trainer_image = trainer_image(c.job)
+    c.out.store_image = store_image(c.job, c.out.trainer_image)
 
 
 def apply_deadline_policy(c: PlanContext) -> None:
@@ -270,7 +271,7 @@ def place_rendezvous(c: PlanContext) -> None:
     lost = {d.pod for d in out.drains if d.role == "rendezvous"}
     # A lost store is replaced at once under a fresh name (the agents wait for it and re-form the
     # world on it: etj_trainer.agent.store_link); nothing waits for the old pod to be gone.
-    if not any(p.name not in lost for p in live) and out.trainer_image is not None:
+    if not any(p.name not in lost for p in live) and out.store_image is not None:
         out.create_rendezvous = True
         out.rendezvous_index = next_rendezvous_index(c.job.name, c.rdzv)
 

@@ -20,7 +20,14 @@ from etj_operator.decide.interruptions import (
     interruption_of,
 )
 from etj_operator.decide.plan_deadline import STATUS_REFRESH
-from etj_operator.decide.plan_model import FINAL_REPORT_GRACE, JobView, Observed, Plan, trainer_image
+from etj_operator.decide.plan_model import (
+    FINAL_REPORT_GRACE,
+    JobView,
+    Observed,
+    Plan,
+    store_image,
+    trainer_image,
+)
 from etj_operator.decide.plan_steps import STEPS, PlanContext
 from etj_operator.decide.slots import next_rendezvous_index
 
@@ -39,6 +46,7 @@ __all__ = [
     "interruption_of",
     "next_rendezvous_index",
     "plan",
+    "store_image",
     "trainer_image",
     "worker_demand",
 ]

@@ -66,6 +66,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "chart sets from trainer.image); without one such jobs wait with Ready=False/NoTrainerImage",
     )
     p.add_argument(
+        "--default-store-image",
+        default=os.environ.get("ETJ_DEFAULT_STORE_IMAGE") or None,
+        metavar="IMAGE",
+        help="image of the rendezvous store pods of jobs without spec.trainer.storeImage (default: "
+        "$ETJ_DEFAULT_STORE_IMAGE, which the chart sets from trainer.storeImage); unset: the job's trainer "
+        "image",
+    )
+    p.add_argument(
         "--price-spot",
         type=float,
         default=_env_float("ETJ_PRICE_SPOT", DEFAULT_PRICE_SPOT),
@@ -212,6 +220,7 @@ def build_state(args: argparse.Namespace) -> handlers.State:
         progress_seconds=args.progress_seconds,
         worker_grace_seconds=args.worker_grace_seconds,
         default_trainer_image=args.default_trainer_image or None,
+        default_store_image=args.default_store_image or None,
         namespaces=tuple(args.namespace),
         network_policy=args.network_policy,
         operator_namespace=args.operator_namespace,

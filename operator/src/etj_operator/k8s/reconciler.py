@@ -148,6 +148,7 @@ class JobRunner:
             spec,
             status,
             default_image=self.settings.default_trainer_image,
+            default_store_image=self.settings.default_store_image,
             prices=self.settings.prices,
             deadline_costs=self.settings.deadline_costs,
             extra_priority_class=self.settings.extra_priority_class,
@@ -221,7 +222,7 @@ class JobRunner:
                 job=job.name,
                 namespace=job.namespace,
                 uid=job.uid,
-                image=result.trainer_image,
+                image=result.store_image,
                 index=result.rendezvous_index,
             )
             creates.append(self._create(store))

@@ -23,6 +23,7 @@ class Settings:
     progress_port: int = PROGRESS_PORT  # where store pods serve it (docs/contract.md)
     worker_grace_seconds: int = DEFAULT_WORKER_GRACE_SECONDS
     default_trainer_image: str | None = None  # for jobs without spec.trainer.image
+    default_store_image: str | None = None  # for store pods of jobs without spec.trainer.storeImage
     # Namespaces watched (empty: all). Namespaced, the GPU-usage index sees only these namespaces' pods.
     namespaces: tuple[str, ...] = ()
     # Key the jobs' progress tokens are derived from (dataplane.job_token). The chart keeps one in a

@@ -16,9 +16,9 @@ world, or exhaust the store's memory (docs/operator.md, "Threat model").
 Both endpoints cap their connections. The HTTP server serves at most ``MAX_HTTP_CONNECTIONS`` at once and
 leaves the rest in the listen backlog (one thread per connection otherwise: a client opening thousands
 would exhaust the pod). The
-TCPStore (torch's libuv server, which has no such setting) gets a file-descriptor limit for the whole
-process (``RLIMIT_NOFILE``, ``--max-open-files``): past it libuv accepts and closes new connections, the
-connections already open carry on.
+TCPStore (torch's libuv server, which has no such setting; without libuv, its poll()-based one) gets a
+file-descriptor limit for the whole process (``RLIMIT_NOFILE``, ``--max-open-files``): past it libuv accepts
+and closes new connections, the connections already open carry on.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from torch.distributed import TCPStore
+from torch.distributed import DistStoreError, TCPStore
 
 from etj_contract import env as etj_env
 from etj_contract.ports import STORE_MAX_OPEN_FILES
@@ -209,6 +209,23 @@ def make_http_server(
     return CappedHTTPServer((host, port), Handler, max_connections)
 
 
+def open_store(host: str, port: int, fd: int) -> TCPStore:
+    """The TCPStore server on the listening socket ``fd``: torch's libuv server where this torch has one,
+    else its older poll()-based server (Debian's python3-torch, which the small store image runs, is built
+    without libuv). Both speak the same protocol to every client (tests/chart/test_store_image.py)."""
+    # wait_for_workers=False: the store must come up before any agent exists and outlive them all.
+    try:
+        return TCPStore(
+            host, port, is_master=True, wait_for_workers=False, use_libuv=True, master_listen_fd=fd
+        )
+    except DistStoreError as e:
+        # Refused before the socket is touched ("built without libuv support"): any other error is real.
+        if "libuv" not in str(e):
+            raise
+    log.info("this torch has no libuv TCPStore server: using its poll()-based one")
+    return TCPStore(host, port, is_master=True, wait_for_workers=False, use_libuv=False, master_listen_fd=fd)
+
+
 def serve(
     host: str = "0.0.0.0",
     port: int = 29400,
@@ -226,16 +243,7 @@ def serve(
     """
     cap_open_files(max_open_files)  # before the store's server starts: its connections count against it
     listener = socket.create_server((host, port), backlog=1024)  # SO_REUSEADDR: TIME_WAIT is no conflict
-    fd = listener.detach()  # the store owns (and closes) it from here
-    # wait_for_workers=False: the store must come up before any agent exists and outlive them all.
-    store = TCPStore(
-        host,
-        port,
-        is_master=True,
-        wait_for_workers=False,
-        use_libuv=True,
-        master_listen_fd=fd,
-    )
+    store = open_store(host, port, listener.detach())  # the store owns (and closes) the socket from here
     state = ProgressState()
     if token is None:
         token = etj_env.PROGRESS_TOKEN.read(os.environ)
