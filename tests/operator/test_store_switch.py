@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from kubernetes import client
 
 from etj_operator.decide.planner import Plan
-from etj_operator.decide.types import Drain
+from etj_operator.decide.store_move import STORE_MOVING
+from etj_operator.decide.types import Drain, KubeEvent
+from etj_operator.k8s import reconciler
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.reconciler import JobRunner
 from etj_operator.k8s.settings import Settings
@@ -73,3 +76,17 @@ def test_a_failed_switch_keeps_the_old_store_but_not_one_on_a_lost_node() -> Non
     runner = _apply(kube, [moved, lost, worker], 1)
     assert kube.calls == [("delete", "train-rdzv-9"), ("delete", "train-worker-0")]
     assert runner.serving is None and runner.kick.is_set()  # tried again next round
+
+
+def test_a_plans_events_are_posted_even_when_its_status_is_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    # regression: a store move changes no status, and its StoreMoving/StoreMoved Events were dropped with
+    # the status write that was not needed (seen against the real apiserver: no Event at all)
+    posted: list[str] = []
+    monkeypatch.setattr(
+        reconciler, "post_events", lambda body, plan: posted.extend(e.reason for e in plan.events)
+    )
+    runner = JobRunner("ns", "train", StaticWorld([OLD]), OrderKube(), Settings(), StoreClient())
+    runner.body = {"metadata": {"name": "train", "namespace": "ns"}}
+    result = Plan(events=[KubeEvent("Normal", STORE_MOVING, "store train-rdzv-0 is moving")])
+    asyncio.run(runner.apply(job(), result, {OLD.name: OLD}, observe([], [OLD], now=NOW)))
+    assert posted == [STORE_MOVING]

@@ -331,6 +331,8 @@ class JobRunner:
         for attempt in range(STATUS_WRITE_ATTEMPTS):
             new = result.status.to_patch()
             if new == job.status.to_patch():
+                # Nothing to write, but what was done is still said (a store move changes no status).
+                post_events(self.body, result)
                 return
             try:
                 response = await self.kube.patch_status(job.namespace, job.name, new, self.planned_version)
