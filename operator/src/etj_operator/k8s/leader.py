@@ -95,7 +95,6 @@ def lead(
 
     ``on_lost`` runs when a renew fails for ``renew_s`` (or ``work`` raised); the caller exits there.
     """
-
     def _work() -> None:
         log.info("%s leads: the operator starts", election.identity)
         work()
