@@ -49,5 +49,6 @@ def _settled(node: Any) -> bool:
 
 def _writers(node: Any) -> str:
     return "the Node was rewritten; its writers: " + ", ".join(
-        f"{m.manager} {m.operation} {m.subresource or ''} at {m.time}" for m in node.metadata.managed_fields or []
+        f"{m.manager} {m.operation} {m.subresource or ''} at {m.time}"
+        for m in node.metadata.managed_fields or []
     )
