@@ -4,6 +4,7 @@ deleted, and an old store whose switch failed is not deleted (the agents would f
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from etj_operator.k8s import reconciler
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.reconciler import JobRunner
 from etj_operator.k8s.settings import Settings
-from etj_operator.k8s.store_client import StoreClient
+from etj_operator.k8s.store_client import StoreClient, running_store
 from etj_operator.observe.signals import Reason
 from tests.operator.factories import NOW, job, observe, store
 from tests.operator.test_reconciler import StaticWorld
@@ -90,3 +91,11 @@ def test_a_plans_events_are_posted_even_when_its_status_is_unchanged(monkeypatch
     result = Plan(events=[KubeEvent("Normal", STORE_MOVING, "store train-rdzv-0 is moving")])
     asyncio.run(runner.apply(job(), result, {OLD.name: OLD}, observe([], [OLD], now=NOW)))
     assert posted == [STORE_MOVING]
+
+
+def test_progress_is_read_from_the_serving_store_while_its_replacement_runs() -> None:
+    # a replacement running beside the old store holds no progress until the agents move to it; whichever
+    # came first in the index was read, so status could lose its progress for the move
+    new, old = replace(NEW, ip="10.0.0.2"), replace(OLD, ip="10.0.0.1")
+    assert running_store([new, old]) is old
+    assert running_store([replace(old, terminating=True), new]) is new

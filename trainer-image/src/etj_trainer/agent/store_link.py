@@ -179,7 +179,10 @@ class ReconnectingRendezvous(RendezvousHandler):
             return False
         old, self.inner = self.inner, fresh
         self._quiet(old)
-        away = now - (self._state.lost_since or now)
+        # Until now, not until the probe began: building the handler blocks while torch's TCPStore client
+        # retries its connect (an address that accepts but has no store yet), and the store is away as long.
+        lost_since = self._state.lost_since
+        away = self._clock() - (now if lost_since is None else lost_since)
         self._state = LinkState(reform_pending=True)
         self.reconnects += 1
         print(f"etj-train worker: rendezvous store back after {away:.1f} s; re-forming the world", flush=True)
