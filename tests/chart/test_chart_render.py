@@ -346,6 +346,7 @@ def test_rbac_has_no_wildcards_no_secret_reads_and_no_writes_beyond_what_the_ope
             ("pods", "create"),
             ("pods", "delete"),
             ("services", "create"),
+            ("services", "patch"),  # the store Service's selector: the serving store (store_move.py)
             ("secrets", "create"),
             ("networkpolicies", "create"),
             ("poddisruptionbudgets", "create"),

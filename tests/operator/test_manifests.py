@@ -238,9 +238,17 @@ def test_store_runs_on_demand_behind_a_headless_service() -> None:
     assert _required_terms(pod)[0] == [
         {"key": "etj.dev/capacity-type", "operator": "In", "values": ["on-demand"]}
     ]
-    svc = rendezvous_service(job="train", namespace="ml", uid="u")
+    svc = rendezvous_service(job="train", namespace="ml", uid="u", store=2)
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
-    assert svc["spec"]["selector"] == {"etj.dev/job": "train", "etj.dev/role": "rendezvous"}
+    # One store index only: a replacement starting elsewhere stays out of it until switched in.
+    assert svc["spec"]["selector"] == {
+        "etj.dev/job": "train",
+        "etj.dev/role": "rendezvous",
+        "etj.dev/store": "2",
+    }
+    assert pod["metadata"]["labels"].items() >= svc["spec"]["selector"].items()
+    other = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", index=3)
+    assert not other["metadata"]["labels"].items() >= svc["spec"]["selector"].items()
 
 
 def test_store_pod_is_guaranteed_never_blocks_karpenter_and_takes_a_priority_class() -> None:

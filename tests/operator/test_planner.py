@@ -402,7 +402,7 @@ CASES = [
         phase=Phase.RESIZING,
     ),
     Case(
-        "store on an interrupted node is replaced at once, under a fresh name",
+        "an older operator's store (no index label) on an interrupted node is replaced at once",
         job(st=started(4)),
         observe(
             [*cluster(on_demand=0), node("od-0", CapacityType.ON_DEMAND, signal=Reason.NODE_DISRUPTED)],
@@ -426,6 +426,25 @@ CASES = [
         drains=[("train-rdzv", Reason.NODE_CORDONED)],
         phase=Phase.RUNNING,
         check=lambda p: _new_store(p, 0, force=False),
+    ),
+    Case(
+        # issue 26 item 5: make before break. The old store stays (and the drain's eviction waits on its
+        # PodDisruptionBudget) until the replacement is Ready; the Service still selects the old one.
+        "a cordon starts the store's replacement first, outside the Service",
+        job(st=started(4)),
+        observe(
+            [*cluster(on_demand=1), node("od-9", CapacityType.ON_DEMAND, signal=Reason.NODE_CORDONED)],
+            [*RUNNING4, store("od-9", name="train-rdzv-4", store="4")],
+        ),
+        creates=[],
+        drains=[],
+        phase=Phase.RUNNING,
+        requeue=300,
+        check=lambda p: (
+            (p.create_rendezvous, p.rendezvous_index, p.serve_rendezvous, p.events[-1].reason)
+            == (True, 5, 4, "StoreMoving")
+            or pytest.fail(str(p))
+        ),
     ),
     Case(
         "nor does a rebalance recommendation (a hint, not a notice)",

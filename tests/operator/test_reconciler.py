@@ -164,6 +164,9 @@ class RecordingKube(KubeClient):
     async def ensure(self, *args: Any, **kwargs: Any) -> None:
         return None
 
+    async def select_store(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
 
 def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> None:
     # regression (issue 12): the job was marked Succeeded and its store stopped from the last *polled*

@@ -110,6 +110,32 @@ def test_a_lost_store_is_waited_out_and_the_world_reforms_on_the_new_one() -> No
     assert link.num_nodes_waiting() == 0  # asks the new store again
 
 
+def test_the_time_away_includes_the_wait_for_the_new_stores_handler(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # regression: "back after 0.3 s" was printed for a store away for 25 s (e2e drain on process nodes):
+    # the handler's factory blocked while torch's TCPStore client retried its connect, and the time away
+    # was taken when the probe began
+    store, clock = FakeStore(), Clock()
+    made: list[FakeHandler] = []
+
+    def factory() -> Any:
+        if made:
+            clock.t += 20.0  # the client's connect retries until the new store listens
+        made.append(FakeHandler(store))
+        return made[-1]
+
+    link = ReconnectingRendezvous(
+        factory, "store:29400", probe_interval=0.5, clock=clock, answers=lambda _: True
+    )
+    store.up = False
+    assert link.num_nodes_waiting() == 0 and link.lost
+    store.up, store.incarnation = True, 1
+    clock.t += 0.5
+    assert link.num_nodes_waiting() == 1
+    assert "rendezvous store back after 20.5 s" in capsys.readouterr().out
+
+
 def test_next_rendezvous_waits_for_the_store_instead_of_raising(monkeypatch: pytest.MonkeyPatch) -> None:
     store, clock = FakeStore(), Clock()
     link, made = _link(store, clock)

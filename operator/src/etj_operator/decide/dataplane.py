@@ -83,9 +83,11 @@ def network_policy(
 
 def store_disruption_budget(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
     """maxUnavailable 0 over the store pod: evictions (``kubectl drain``, Karpenter, the cluster autoscaler)
-    wait instead of taking the rendezvous away unannounced. The operator moves the store by deleting it
-    (no eviction) as soon as the node is cordoned or tainted for going away (interruptions.STORE_STAYS_ON),
-    which lets the eviction's drain finish: a wait of seconds, not a block."""
+    wait instead of taking the rendezvous away unannounced. The operator moves the store when the node is
+    cordoned or tainted for going away: it starts a replacement, switches the Service to it once Ready and
+    then deletes the old store (no eviction: decide/store_move.py), which lets the drain finish. Not
+    minAvailable 1: that would let the eviction through as soon as the replacement is Ready, possibly
+    before the Service is switched; a bare pod's maxUnavailable 0 never allows one."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

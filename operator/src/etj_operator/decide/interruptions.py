@@ -5,11 +5,9 @@ Used by the planner's steps for workers and for the rendezvous store alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from etj_operator.decide.plan_model import Observed
-from etj_operator.decide.types import Drain
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason, Signal
 
@@ -23,7 +21,8 @@ NOT_READY_GRACE = timedelta(seconds=60)
 # store moves on everything that says its node is being emptied, a cordon included (issue 26): `kubectl
 # drain`, managed node group upgrades and the termination handler all cordon first, and evict next, which
 # the store's PodDisruptionBudget refuses; staying would block them until someone deleted the store by
-# hand. Moving costs the job a re-rendezvous (at most the step in flight), an undone cordon included.
+# hand. The store moves make-before-break (decide/store_move.py): a re-rendezvous (at most the step in
+# flight), and nothing at all for a cordon undone before the replacement is Ready.
 STORE_STAYS_ON = frozenset({Reason.REBALANCE_RECOMMENDATION})
 
 
@@ -51,26 +50,3 @@ def not_ready_wait(signal: Signal, now: datetime) -> float:
     if signal.since is None:
         return NOT_READY_GRACE.total_seconds()
     return max(0.0, (signal.since + NOT_READY_GRACE - now).total_seconds())
-
-
-def store_drains(rdzv: Sequence[PodInfo], obs: Observed) -> list[Drain]:
-    """Store pods to delete: an interrupted or exited one gracefully, one on a lost node at once.
-
-    A pod on a deleted (or long NotReady) node stays Terminating until its kubelet confirms, which never
-    happens; removing it (grace 0) is what the pod garbage collector would do minutes later.
-    """
-    out: list[Drain] = []
-    for pod in rdzv:
-        sig = interruption_of(pod, obs)
-        if sig is not None and sig.reason in STORE_STAYS_ON:
-            sig = None  # moving the store costs the rendezvous; only a real notice justifies it
-        node_lost = sig is not None and sig.reason in (Reason.NODE_DELETED, Reason.NODE_NOT_READY)
-        if pod.terminating and not node_lost:
-            continue
-        if sig is None and pod.phase not in ("Failed", "Succeeded"):
-            continue
-        why = sig.reason if sig else Reason.WORKER_FAILED
-        message = sig.message if sig else "store pod exited"
-        since = sig.since if sig else None
-        out.append(Drain(pod.name, why, message, pod.node, since, role="rendezvous", force=node_lost))
-    return out

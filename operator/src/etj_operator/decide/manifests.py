@@ -20,6 +20,7 @@ from etj_operator.constants import (
     LABEL_JOB,
     LABEL_ROLE,
     LABEL_SLOT,
+    LABEL_STORE,
     ROLE_RENDEZVOUS,
     ROLE_WORKER,
 )
@@ -335,14 +336,25 @@ def rendezvous_pod(
     affinity = capacity_affinity(rdzv.capacity_types)
     if affinity:
         pod_spec["affinity"] = affinity
-    pod_labels = labels(job, ROLE_RENDEZVOUS)
+    # The Service selects one store index: a replacement stays out of it until it is switched in.
+    pod_labels = {**labels(job, ROLE_RENDEZVOUS), LABEL_STORE: str(index)}
     name = rendezvous_pod_name(job, index)
     owner = owner_reference(job, uid)
     return _pod(name, namespace, pod_labels, owner, pod_spec, dict(STORE_ANNOTATIONS))
 
 
-def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
-    """Headless, and publishing not-ready addresses so workers resolve the store while it starts."""
+def rendezvous_selector(job: str, store: int | None) -> dict[str, str]:
+    """The serving store's pods: one index (``store``), or every store pod of the job (None: a Service's
+    selector as operators before make-before-break moves wrote it)."""
+    selector = {LABEL_JOB: job, LABEL_ROLE: ROLE_RENDEZVOUS}
+    if store is not None:
+        selector[LABEL_STORE] = str(store)
+    return selector
+
+
+def rendezvous_service(*, job: str, namespace: str, uid: str, store: int | None) -> dict[str, Any]:
+    """Headless, and publishing not-ready addresses so workers resolve the store while it starts. It
+    selects the serving store only (``store``: its index), never a replacement that is starting."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -352,7 +364,7 @@ def rendezvous_service(*, job: str, namespace: str, uid: str) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {LABEL_JOB: job, LABEL_ROLE: ROLE_RENDEZVOUS},
+            "selector": rendezvous_selector(job, store),
             "ports": [
                 {"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT},
                 {"name": "progress", "port": PROGRESS_PORT, "targetPort": PROGRESS_PORT},

@@ -102,6 +102,8 @@ class Plan:
     ensure_service: bool = False
     create_rendezvous: bool = False
     rendezvous_index: int = 0  # the new store pod is names.rendezvous_pod_name(job, index)
+    # The store index the job's Service must select (the serving store); None: leave the Service alone.
+    serve_rendezvous: int | None = None
     rendezvous_capacity: list[CapacityType] = field(default_factory=list)
     status: ElasticTrainingJobStatus = field(default_factory=ElasticTrainingJobStatus)
     trainer_image: str | None = None  # what new worker pods run (None: nothing may be created)

@@ -18,13 +18,14 @@ from etj_operator.decide.capacity import LazyCapacity
 from etj_operator.decide.crash_loop import judge_crashes, stall_wake_in
 from etj_operator.decide.deadline_plan import CapacityPlan
 from etj_operator.decide.finish import FINAL_REPORT_MISSING, Finish, finish
-from etj_operator.decide.interruptions import interruption_of, not_ready_wait, store_drains
+from etj_operator.decide.interruptions import interruption_of, not_ready_wait
 from etj_operator.decide.job_status import StatusInputs, build_status, stalled_seconds
 from etj_operator.decide.plan_deadline import deadline_step, schedule_status
 from etj_operator.decide.plan_model import JobView, Observed, Plan, store_image, trainer_image
 from etj_operator.decide.refill import workers_to_add
 from etj_operator.decide.sharing import extra_slots
 from etj_operator.decide.slots import free_slots, next_rendezvous_index
+from etj_operator.decide.store_move import plan_store
 from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import INTERRUPTIONS, Reason
@@ -267,13 +268,17 @@ def place_rendezvous(c: PlanContext) -> None:
         ]
         return
     out.ensure_service = True
-    out.drains += store_drains(c.rdzv, c.obs)
-    lost = {d.pod for d in out.drains if d.role == "rendezvous"}
-    # A lost store is replaced at once under a fresh name (the agents wait for it and re-form the
-    # world on it: etj_trainer.agent.store_link); nothing waits for the old pod to be gone.
-    if not any(p.name not in lost for p in live) and out.store_image is not None:
+    # Make before break (decide/store_move.py): a store whose node is being emptied stays until its
+    # replacement is Ready; a lost one is replaced at once under a fresh name.
+    store = plan_store(c.job.name, c.rdzv, c.obs, next_rendezvous_index(c.job.name, c.rdzv))
+    out.drains += store.drains
+    out.events += store.events
+    out.serve_rendezvous = store.serve
+    if store.requeue is not None:
+        out.requeue(store.requeue)
+    if store.create is not None and out.store_image is not None:
         out.create_rendezvous = True
-        out.rendezvous_index = next_rendezvous_index(c.job.name, c.rdzv)
+        out.rendezvous_index = store.create
 
 
 def write_status(c: PlanContext) -> None:

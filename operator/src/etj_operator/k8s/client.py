@@ -130,6 +130,20 @@ class KubeClient:
             ok=frozenset({409}),
         )
 
+    async def select_store(self, namespace: str, service: str, selector: dict[str, str]) -> bool:
+        """Point the job's store Service at ``selector`` (a merge patch: it only ever adds or changes the
+        store index); False if the Service does not exist (yet)."""
+        body = {"spec": {"selector": selector}}
+        done = await self._call(
+            "patch",
+            "services",
+            lambda: _drained(
+                self.core.patch_namespaced_service(service, namespace, body, _preload_content=False)
+            ),
+            ok=frozenset({404}),
+        )
+        return done is not None
+
     async def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
     ) -> dict[str, Any] | None:

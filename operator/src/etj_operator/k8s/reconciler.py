@@ -24,8 +24,8 @@ from pydantic import ValidationError
 
 from etj_contract.replicas import Replicas
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
-from etj_operator.constants import ROLE_WORKER
-from etj_operator.decide import dataplane, manifests
+from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
+from etj_operator.decide import dataplane, manifests, names
 from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.k8s.client import KubeClient, StatusConflict
 from etj_operator.k8s.metrics import METRICS
@@ -64,6 +64,9 @@ class JobRunner:
         self.store = StoreLink(store_http, settings.progress_port, self._token)
         self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
         self.token: str | None = None  # the job's progress token (derived from its uid once known)
+        # The store index this runner last pointed the job's Service at; None: not yet (a restarted
+        # operator patches once, which also moves a Service of an older operator onto an index).
+        self.serving: int | None = None
         self.create_rejection: str | None = None  # the apiserver's refusal of our last pod create
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
@@ -184,11 +187,17 @@ class JobRunner:
 
     # --- apply -----------------------------------------------------------------------------------
     async def apply(self, job: JobView, result: Plan, pods: Mapping[str, PodInfo], obs: Observed) -> None:
-        # Drains first: they are the latency-critical part (the node is going away).
+        # The Service moves to the new store before the old one is deleted: agents that lose the old
+        # store must resolve the new one (decide/store_move.py). If it cannot, the old store stays.
+        drains = result.drains
+        if not await self._serve(job, result.serve_rendezvous):
+            drains = [d for d in drains if d.role != ROLE_RENDEZVOUS or d.force]
+            self.kick.set()
+        # Drains next: they are the latency-critical part (the node is going away).
         await asyncio.gather(
             *(
                 self._drain(job, d.pod, pods.get(d.pod), d.signal_since, str(d.reason), force=d.force)
-                for d in result.drains
+                for d in drains
             )
         )
         rejection, errors = await self._create_all(job, result)
@@ -211,7 +220,7 @@ class JobRunner:
         # their existence every few minutes, so a deleted one comes back without a request per reconcile.
         # Before any pod: a pod must never start without its token or outside its policy.
         if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
-            rejection, errors = rejections(await self._job_objects(job))
+            rejection, errors = rejections(await self._job_objects(job, result))
             if rejection or errors:
                 return rejection, errors
             self.service_checked = time.monotonic()
@@ -246,6 +255,22 @@ class JobRunner:
             )
             creates.append(self._create(body))
         return rejections(await asyncio.gather(*creates, return_exceptions=True))
+
+    async def _serve(self, job: JobView, store: int | None) -> bool:
+        """Point the job's Service at store ``store`` unless it already is; False if that failed."""
+        if store is None or store == self.serving:
+            return True
+        selector = manifests.rendezvous_selector(job.name, store)
+        try:
+            if await self.kube.select_store(job.namespace, names.rendezvous_name(job.name), selector):
+                self.serving = store
+                log.info("%s/%s: the store Service selects store %d", job.namespace, job.name, store)
+            return True  # no Service yet: it is created selecting ``store`` (_job_objects)
+        except Exception as exc:  # any failure: keep the old store, try again next round
+            log.warning(
+                "%s/%s: could not switch the store Service to %d: %s", job.namespace, job.name, store, exc
+            )
+            return False
 
     async def _drain(
         self,
@@ -287,10 +312,10 @@ class JobRunner:
             )
         return self.token
 
-    async def _job_objects(self, job: JobView) -> list[Any]:
+    async def _job_objects(self, job: JobView, result: Plan) -> list[Any]:
         ids = {"job": job.name, "namespace": job.namespace, "uid": job.uid}
         bodies = [
-            manifests.rendezvous_service(**ids),
+            manifests.rendezvous_service(**ids, store=result.serve_rendezvous),
             dataplane.token_secret(**ids, token=self._token()),
             dataplane.store_disruption_budget(**ids),
         ]
@@ -313,6 +338,8 @@ class JobRunner:
         for attempt in range(STATUS_WRITE_ATTEMPTS):
             new = result.status.to_patch()
             if new == job.status.to_patch():
+                # Nothing to write, but what was done is still said (a store move changes no status).
+                post_events(self.body, result)
                 return
             try:
                 response = await self.kube.patch_status(job.namespace, job.name, new, self.planned_version)

@@ -19,6 +19,7 @@ from etj_contract.ports import PROGRESS_PORT
 from etj_contract.progress import auth_header
 from etj_contract.replicas import REPLICAS_PATH, Replicas
 from etj_operator.constants import ROLE_RENDEZVOUS
+from etj_operator.decide.names import rendezvous_index
 from etj_operator.observe.pods import PodInfo
 from etj_operator.timeutil import utcnow
 
@@ -78,8 +79,11 @@ class StoreClient:
 
 
 def running_store(pods: Iterable[PodInfo]) -> PodInfo | None:
-    """The job's store pod that answers now (running, with an address), if any."""
-    return next((p for p in pods if p.role == ROLE_RENDEZVOUS and p.running and p.ip), None)
+    """The job's store pod that answers now (running, with an address), if any: the serving one while a
+    replacement runs beside it (the lowest index, as decide/store_move.py serves), whose progress is the
+    job's; the replacement's is empty until the agents move to it."""
+    running = [p for p in pods if p.role == ROLE_RENDEZVOUS and p.running and p.ip]
+    return min(running, key=lambda p: rendezvous_index(p.job, p.name) or 0, default=None)
 
 
 class StoreLink:

@@ -13,6 +13,7 @@ from etj_operator.constants import (
     LABEL_JOB,
     LABEL_ROLE,
     LABEL_SLOT,
+    LABEL_STORE,
 )
 from etj_operator.observe.signals import Signal, pod_signal
 from etj_operator.quantity import MILLI_RESOURCES, parse_count, parse_milli
@@ -51,6 +52,10 @@ class PodInfo:
     # spec.priorityClassName: fixed at creation, it says whether a worker is one of the job's min workers
     # or an elastic extra (decide/sharing.py).
     priority_class: str | None = None
+    ready: bool = False  # the Ready condition is True (a store: its TCPStore accepts connections)
+    # A store pod's etj.dev/store label (its index), which the Service selects; None on store pods made by
+    # operators before make-before-break moves (their Service selects job and role only).
+    store: str | None = None
 
     @property
     def active(self) -> bool:
@@ -97,10 +102,12 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
             finished_at = parse_time(terminated.get("finishedAt")) or finished_at
             lines = [ln.strip() for ln in str(terminated.get("message") or "").splitlines() if ln.strip()]
             last_line = lines[-1][:MAX_LINE] if lines else last_line
-    scheduled_at = None
+    scheduled_at, ready = None, False
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "True":
             scheduled_at = parse_time(cond.get("lastTransitionTime"))
+        if cond.get("type") == "Ready":
+            ready = cond.get("status") == "True"
     return PodInfo(
         name=meta.get("name", ""),
         job=labels.get(LABEL_JOB, ""),
@@ -120,6 +127,8 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         exit_reason=exit_reason,
         created=parse_time(meta.get("creationTimestamp")),
         scheduled_at=scheduled_at,
+        ready=ready,
+        store=labels.get(LABEL_STORE),
         finished_at=finished_at,
         last_line=last_line,
         requests=countable_requests(spec),

@@ -47,6 +47,8 @@ class Reason(StrEnum):
     # is ahead; pending spot pods give way to the on-demand workers it asks for.
     ON_DEMAND_RELEASED = "OnDemandReleased"
     REPLACED_BY_ON_DEMAND = "ReplacedByOnDemand"
+    # A store pod started to replace one whose move was called off (its node uncordoned): store_move.py.
+    STORE_NOT_NEEDED = "StoreNotNeeded"
 
 
 # Taint key → reason, in priority order: when a node carries several, the first one names the drain.

@@ -11,10 +11,12 @@ Yet training does not need the store: the workers' process group has its own sto
 
 - while the store does not answer, ``num_nodes_waiting()`` says 0 and the workers train on;
 - every ``probe_interval`` it tries the endpoint again. The operator replaces a lost store at once behind
-  the same Service name, so a fresh lookup of the same endpoint finds the new one. A new store holds no
-  rendezvous state (no round, no participants): every agent must join it again, or a joiner would form a
-  world of its own there. So once a store answers, a fresh handler is built on it and
-  ``num_nodes_waiting()`` says 1: the agent restarts its workers (they stop at a step boundary with their
+  the same Service name, so a fresh lookup of the same endpoint finds the new one. A store that moves off a
+  drained node is replaced before it goes (the Service selects the new one only once it is Ready, and the
+  old one is deleted after that: etj_operator.decide.store_move), so the first probe after the loss finds
+  it. A new store holds no rendezvous state (no round, no participants): every agent must join it again,
+  or a joiner would form a world of its own there. So once a store answers, a fresh handler is built on it
+  and ``num_nodes_waiting()`` says 1: the agent restarts its workers (they stop at a step boundary with their
   just-in-time local copy, so at most the step in flight is redone) and joins the new store's first round;
 - ``next_rendezvous()`` waits out a lost store too (up to the join timeout) instead of raising, so an agent
   that needs a round while the store is away (a peer left, a crash) waits for the new store.
@@ -177,7 +179,10 @@ class ReconnectingRendezvous(RendezvousHandler):
             return False
         old, self.inner = self.inner, fresh
         self._quiet(old)
-        away = now - (self._state.lost_since or now)
+        # Until now, not until the probe began: building the handler blocks while torch's TCPStore client
+        # retries its connect (an address that accepts but has no store yet), and the store is away as long.
+        lost_since = self._state.lost_since
+        away = self._clock() - (now if lost_since is None else lost_since)
         self._state = LinkState(reform_pending=True)
         self.reconnects += 1
         print(f"etj-train worker: rendezvous store back after {away:.1f} s; re-forming the world", flush=True)

@@ -8,9 +8,11 @@ are passed in as callables.
 from __future__ import annotations
 
 import base64
+import contextlib
 import ipaddress
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -261,3 +263,67 @@ class LoopbackIPs:
     def in_use(self) -> set[str]:
         with self._lock:
             return set(self._used)
+
+
+class ServiceForwarder:
+    """A Service name that follows the Service's selector, as cluster DNS makes a headless name do.
+
+    Process nodes have no DNS: a Service name in a pod's env is replaced by an address when the pod starts.
+    A pod taking over the Service's address (``headless_service_of``) covers a replacement started after
+    its predecessor went, but not a switch between two live pods (the rendezvous store moving make before
+    break: its replacement runs outside the Service until it is switched in). So the name is given this
+    forwarder's own address: it listens on the Service's ports and connects each new connection to the
+    pod the Service selects at that moment (``backend``), from the client's address. When either side
+    closes, so does the other, as when the pod behind the name goes away; a connection with nothing
+    selected is closed at once.
+    """
+
+    def __init__(self, ip: str, ports: Mapping[int, int], backend: Callable[[], str | None]) -> None:
+        self.ip, self.backend = ip, backend
+        self._servers: list[socket.socket] = []
+        for port, target in ports.items():
+            server = socket.create_server((ip, port))
+            self._servers.append(server)
+            threading.Thread(target=self._accept, args=(server, target), daemon=True).start()
+
+    def _accept(self, server: socket.socket, target: int) -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn, target), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, target: int) -> None:
+        ip = self.backend()
+        # From the client's own address: the pod behind the name sees its real peer, as it would without
+        # the forwarder (every pod address is local to this machine).
+        client = conn.getpeername()[0]
+        try:
+            upstream = socket.create_connection((ip, target), 2, (client, 0)) if ip else None
+        except OSError:
+            upstream = None
+        if upstream is None:
+            conn.close()
+            return
+        upstream.settimeout(None)
+        threading.Thread(target=_pump, args=(upstream, conn), daemon=True).start()
+        _pump(conn, upstream)
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.close()
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either ends, then end both (the other pump stops too)."""
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        src.close()

@@ -41,6 +41,7 @@ from etj_testbed.localcluster import toolchain
 from etj_testbed.localcluster.proclet.env import (
     DEFAULT_POD_NETWORK,
     LoopbackIPs,
+    ServiceForwarder,
     headless_service_of,
     service_endpoint,
 )
@@ -119,6 +120,7 @@ class Proclet:
         self.nodes: dict[str, JSON] = {}
         self.pods: dict[str, JSON] = {}  # every bound pod by uid (pods may be seen before their node)
         self.runners: dict[str, PodRunner] = {}
+        self.forwarders: dict[str, ServiceForwarder] = {}  # by "fwd:<ns>/<service>": headless names
         # Runners of deleted pods, newest last: logs_of/runner/pids still answer for them (tests, demo).
         self.history: deque[PodRunner] = deque(maxlen=256)
         self._lock = threading.RLock()
@@ -159,6 +161,8 @@ class Proclet:
         for runner in runners:
             runner.join(self.stop_grace_s + 10)
         reap_marked(str(self.root))
+        for forwarder in self.forwarders.values():
+            forwarder.close()
         for thread in self._threads:
             thread.join(5)
         self.kube.close()
@@ -324,6 +328,31 @@ class Proclet:
         return headless_service_of(pod, services)
 
     def _lookup_service(self, service: str, namespace: str) -> str | None:
+        """The address a pod is given for a Service name: for a headless Service, that of its forwarder
+        (``ServiceForwarder``: the name follows the selector), once the Service selects a pod."""
+        selected = self._selected(service, namespace)
+        if selected is None or not selected[1]:
+            return None
+        svc, _ = selected
+        if (svc.get("spec") or {}).get("clusterIP") != "None":
+            return selected[1]
+        key = f"fwd:{namespace}/{service}"
+        with self._lock:
+            forwarder = self.forwarders.get(key)
+            if forwarder is None:
+                ports = {
+                    int(p["port"]): int(p.get("targetPort") or p["port"])
+                    for p in (svc.get("spec") or {}).get("ports") or []
+                }
+                ip = self.ctx.ips.allocate(key)
+                forwarder = ServiceForwarder(
+                    ip, ports, lambda: (self._selected(service, namespace) or ({}, None))[1]
+                )
+                self.forwarders[key] = forwarder
+        return forwarder.ip
+
+    def _selected(self, service: str, namespace: str) -> tuple[JSON, str | None] | None:
+        """The Service and the address it selects now (None: no such Service, or the lookup failed)."""
         try:
             svc = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/services/{service}")
             if svc is None:
@@ -332,12 +361,12 @@ class Proclet:
                 f"{k}={v}" for k, v in ((svc.get("spec") or {}).get("selector") or {}).items()
             )
             if not selector:
-                return None
+                return svc, None
             pods = self.kube.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)
         except Exception as exc:
             log.warning("endpoint lookup for %s.%s failed: %s", service, namespace, exc)
             return None
-        return service_endpoint(svc, pods.get("items") or [])
+        return svc, service_endpoint(svc, pods.get("items") or [])
 
     # ---- list + watch -----------------------------------------------------------------------
 
