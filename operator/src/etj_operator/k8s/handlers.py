@@ -29,9 +29,9 @@ from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.constants import LABEL_JOB
 from etj_operator.k8s import kube_api
 from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.job_runners import JobRunners
 from etj_operator.k8s.metrics import METRICS
 from etj_operator.k8s.pod_watch import Event, PodWatch
-from etj_operator.k8s.reconciler import JobRunners
 from etj_operator.k8s.settings import Settings
 from etj_operator.observe.nodes import DEFAULT_RULES, CapacityRules, NodeInfo, node_info
 from etj_operator.observe.pod_index import JobPods, UsageLedger, pod_contribution, pod_uid

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -380,48 +380,3 @@ class JobRunner:
             and not (self.store.progress or {}).get("finished")
             and any(p.role == ROLE_WORKER and p.exited_ok for p in pods)
         )
-
-
-class JobRunners:
-    """The job runners, keyed by (namespace, name)."""
-
-    def __init__(self, world: World, kube: KubeClient, settings: Settings) -> None:
-        self.world, self.kube, self.settings = world, kube, settings
-        self.store = StoreClient()  # one session for every job's store; closed by handlers.cleanup
-        self.runners: dict[tuple[str, str], JobRunner] = {}
-        self._stopping: set[asyncio.Task[None]] = set()
-
-    def upsert(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        runner = self.runners.get(key)
-        if runner is None or (runner.body or {}).get("metadata", {}).get("uid") != meta.get("uid"):
-            if runner is not None:
-                # A new job with the same name: start fresh (keep a reference so the task is not GC'd).
-                task = asyncio.create_task(runner.stop())
-                self._stopping.add(task)
-                task.add_done_callback(self._stopping.discard)
-            runner = JobRunner(key[0], key[1], self.world, self.kube, self.settings, self.store)
-            self.runners[key] = runner
-            runner.body = body
-            runner.start()
-        runner.body = body
-        runner.kick.set()
-
-    async def remove(self, namespace: str, name: str) -> None:
-        runner = self.runners.pop((namespace, name), None)
-        if runner is not None:
-            await runner.stop()
-            METRICS.forget_job(namespace, name)
-
-    def kick(self, namespace: str, name: str) -> None:
-        runner = self.runners.get((namespace, name))
-        if runner is not None:
-            runner.kick.set()
-
-    def __iter__(self) -> Iterator[JobRunner]:
-        return iter(list(self.runners.values()))
-
-    async def stop_all(self) -> None:
-        await asyncio.gather(*(r.stop() for r in list(self.runners.values())))
-        self.runners.clear()
