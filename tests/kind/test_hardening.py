@@ -1,6 +1,7 @@
 """Issue 26's hardening under a real kubelet (the whole kind suite: `make e2e-kind`): `kubectl drain` of the
-store's node completes while the job trains on, and the chart's two operator replicas hand over when the
-leader's pod is lost. The same behaviours are tested against the local apiserver in tests/integration
+store's node completes while the job trains on, workers that start minutes before their store wait for it
+(real DNS: the store's Service has no address meanwhile), and the chart's two operator replicas hand over
+when the leader's pod is lost. The same behaviours are tested against the local apiserver in tests/integration
 (test_operator_ha.py, the store-drain tests); here the pods are real containers, the eviction goes through
 a real kubelet and the standby is the chart's own Deployment."""
 
@@ -17,6 +18,7 @@ from tests.kind.kindbed import KindBed, exactly_once, kubectl_path, running_job,
 pytestmark = [pytest.mark.slow, pytest.mark.kind, pytest.mark.kind_full]
 
 EPOCHS = 12
+STORE_LATE_S = 180  # issue 26: agents started 3 minutes before their store
 RELEASE_NAMESPACE = "etj-system"  # scripts/kind.sh install (ETJ_RELEASE_NAMESPACE)
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{RELEASE_NAMESPACE}/leases/etj-operator"
 
@@ -74,6 +76,45 @@ def test_a_drain_of_the_store_node_completes_and_the_job_trains_on(kind: KindBed
     assert drained_s < 300, drained_s
     exactly_once(run.run_dir, EPOCHS)
     print(f"kubectl drain of the store's node: {drained_s:.1f} s")
+
+
+def _restarts(pods: list[dict[str, Any]]) -> int:
+    statuses = [c for p in pods for c in (p.get("status") or {}).get("containerStatuses") or []]
+    return sum(int(c.get("restartCount", 0)) for c in statuses)
+
+
+def test_workers_started_minutes_before_their_store_wait_for_it_and_train(kind: KindBed) -> None:
+    job = two_worker_job(6, 0.5, spot_only=True)
+    # The store may only run on a node carrying this label, which none does yet: what a store waiting for a
+    # new on-demand node and its image pull looks like to the workers.
+    label = f"store-late-{time.monotonic_ns() % 10**6}"
+    job["spec"]["placement"]["rendezvous"] = {"nodeSelector": {"etj.dev/kind-test": label}}
+    store_node = "etj-worker"  # kind's on-demand node (scripts/kind.sh config); the workers are on spot
+    with running_job(kind, "storelate", job, 6) as run:
+        try:
+            run.wait("both workers running", lambda: len(run.running_on("worker")) == 2)
+            started = time.monotonic()
+
+            def waited_unharmed() -> bool:
+                status = run.status()
+                assert not status.get("failures"), status
+                assert _restarts(run.pods("worker")) == 0, "a worker restarted while waiting"
+                assert not run.running_on("rendezvous"), "the store ran on a node without the label"
+                return time.monotonic() - started >= STORE_LATE_S
+
+            run.wait(f"{STORE_LATE_S} s without a store", waited_unharmed, timeout=STORE_LATE_S + 300)
+            ready = next(c for c in run.status().get("conditions") or [] if c["type"] == "Ready")
+            assert ready["reason"] == "RendezvousNotRunning", ready  # the wait is visible in status
+            assert _kubectl(kind, "label", "node", store_node, f"etj.dev/kind-test={label}").returncode == 0
+            run.wait("training with the late store", lambda: run.step() >= 5, timeout=900)
+        finally:
+            _kubectl(kind, "label", "node", store_node, "etj.dev/kind-test-")
+        result = run.result()
+
+    status = result.status.get("status") or {}
+    assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
+    assert not status.get("failures"), status  # waiting for the store is never a failure
+    exactly_once(run.run_dir, 6)
 
 
 def _holder(kind: KindBed) -> str | None:
