@@ -76,7 +76,9 @@ def test_a_drain_of_the_store_node_moves_the_store(cluster: Any) -> None:
         yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())
     )
     manifest["spec"]["training"]["epochs"] = EPOCHS
-    manifest["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": "0.2"})
+    # Long enough that training outlives the move (the replacement's 20 s pull, start and switch): with
+    # 0.2 s steps a loaded machine finished the job before the switch, and no agent had a store to lose.
+    manifest["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": "0.5"})
     suffix = uuid.uuid4().hex[:5]
     run_dir = cache_root() / "e2e" / f"store-drain-{suffix}"  # kept for whoever debugs a failure
     demo = StoreDrainDemo(
