@@ -137,7 +137,8 @@ def test_the_store_is_protected_from_evictions_and_moves_off_a_cordoned_node(
             bed.core.create_namespaced_pod_eviction(store.metadata.name, bed.ns, eviction)
         assert refused.value.status == 429 and "disruption budget" in str(refused.value.body)
         # A cordon (the first step of a drain or a node group upgrade) drains the worker and moves the
-        # store: the old pod goes, a new one (a new name) is created to run elsewhere (issue 26).
+        # store, make before break (issue 26): its replacement is created first and the old store goes only
+        # once the replacement runs, here on a second on-demand node that comes after the cordon.
         bed.core.patch_node(od, {"spec": {"unschedulable": True}})
         bed.wait(
             "the worker drained for the cordon",
@@ -145,12 +146,17 @@ def test_the_store_is_protected_from_evictions_and_moves_off_a_cordoned_node(
             60,
         )
 
-        def moved() -> bool:
-            pods: Any = bed.pods("kept", "rendezvous")
-            live = [p for p in pods if not p.metadata.deletion_timestamp]
-            return bool(live) and all(p.metadata.uid != store.metadata.uid for p in live)
+        def live() -> list[Any]:
+            return [p for p in cast(Any, bed.pods("kept", "rendezvous")) if not p.metadata.deletion_timestamp]
 
-        bed.wait("the store moved off the cordoned node", moved, 60)
+        bed.wait("a replacement store created", lambda: len(live()) == 2, 60)
+        assert any(p.metadata.uid == store.metadata.uid for p in live())  # kept until the replacement runs
+        bed.node("od-1", "on-demand", gpus=1)
+
+        def moved() -> bool:
+            return bool(live()) and all(p.metadata.uid != store.metadata.uid for p in live())
+
+        bed.wait("the store moved off the cordoned node", moved, 90)
     finally:
         scheduling.delete_priority_class(priority)
 
