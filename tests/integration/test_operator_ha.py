@@ -11,9 +11,11 @@ The failover time (kill to the standby holding the Lease) is printed; with the s
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,25 @@ def _replica(cluster: Cluster, bed: Bed, tmp_path: Path, name: str, *extra: str)
     ).start()
 
 
+@contextlib.contextmanager
+def _replicas(cluster: Cluster, bed: Bed, tmp_path: Path) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start replicas by name; on a failure print every replica's log; kill them all at the end."""
+    started: list[tuple[str, OperatorProcess]] = []
+
+    def start(name: str, *extra: str) -> OperatorProcess:
+        started.append((name, _replica(cluster, bed, tmp_path, name, *extra)))
+        return started[-1][1]
+
+    try:
+        yield start
+    except (AssertionError, TimeoutError, client.ApiException):
+        print("\n".join(f"--- {name} ---\n{proc.logs()}" for name, proc in started))
+        raise
+    finally:
+        for _, proc in started:
+            proc.kill()
+
+
 def test_the_standby_takes_over_a_killed_leader_and_the_jobs_carry_on(
     bed: Bed, cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -48,11 +69,10 @@ def test_the_standby_takes_over_a_killed_leader_and_the_jobs_carry_on(
     election = leader.Election(namespace=bed.ns, identity="")
     for i in range(4):
         bed.node(f"gpu-{i}", "on-demand")
-    a = _replica(cluster, bed, tmp_path, "a")
-    b: OperatorProcess | None = None
-    try:
+    with _replicas(cluster, bed, tmp_path) as start:
+        a = start("a")
         bed.wait("replica a holding the Lease", lambda: leader.holder(election, api) == "a", 60)
-        b = _replica(cluster, bed, tmp_path, "b")
+        b = start("b")
         bed.create_job("before", max_workers=2)
         bed.wait("the leader's workers for 'before'", lambda: len(bed.running_workers("before")) == 2, 90)
         bed.wait("replica b standing by", lambda: "stands by" in b.logs(), 60)
@@ -75,13 +95,6 @@ def test_the_standby_takes_over_a_killed_leader_and_the_jobs_carry_on(
         b.stop()  # SIGTERM: stop kopf, hand the Lease back
         bed.wait("the Lease released", lambda: leader.holder(election, api) is None, 30)
         assert b.proc is not None and b.proc.returncode == 0, b.logs()
-    except (AssertionError, TimeoutError, client.ApiException):
-        print("--- a ---\n", a.logs(), "\n--- b ---\n", b.logs() if b else "")
-        raise
-    finally:
-        a.kill()
-        if b is not None:
-            b.kill()
 
 
 def _free_port() -> int:
@@ -107,21 +120,13 @@ def test_a_standby_answers_its_health_probe_and_the_leader_after_it(
     api = cluster.api_client()
     election = leader.Election(namespace=bed.ns, identity="")
     port = _free_port()
-    a = _replica(cluster, bed, tmp_path, "a")
-    b: OperatorProcess | None = None
-    try:
+    with _replicas(cluster, bed, tmp_path) as start:
+        a = start("a")
         bed.wait("replica a holding the Lease", lambda: leader.holder(election, api) == "a", 60)
-        b = _replica(cluster, bed, tmp_path, "b", f"--liveness-port={port}")
+        b = start("b", f"--liveness-port={port}")
         bed.wait("replica b standing by", lambda: "stands by" in b.logs(), 60)
         bed.wait("the standby's /healthz", lambda: "standby" in (_healthz(port) or ""), 30)
         a.stop()  # SIGTERM: the Lease is handed back, b leads and kopf's endpoint takes the port
         bed.wait("replica b holding the Lease", lambda: leader.holder(election, api) == "b", 60)
         bed.wait("kopf's /healthz on its port", lambda: "standby" not in (_healthz(port) or "standby"), 60)
         assert b.proc is not None and b.proc.poll() is None, b.logs()
-    except (AssertionError, TimeoutError, client.ApiException):
-        print("--- a ---\n", a.logs(), "\n--- b ---\n", b.logs() if b else "")
-        raise
-    finally:
-        a.kill()
-        if b is not None:
-            b.kill()
