@@ -42,8 +42,11 @@ from kubernetes import client, config, watch
 from prometheus_client.parser import text_string_to_metric_families
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
+from etj_testbed.localcluster import toolchain
+from etj_testbed.localcluster.crds import wait_established
 from etj_testbed.localcluster.fake_nodes import fake_gpu_node
 
+REPO = Path(__file__).resolve().parents[1]
 BENCH_LABEL = "etj.dev/bench"
 TAINT = "aws-node-termination-handler/spot-itn"
 
@@ -101,6 +104,8 @@ def scrape(port: int) -> dict[str, float]:
                 out["api_requests"] = out.get("api_requests", 0) + sample.value
             elif sample.name == "etj_operator_interruption_to_drain_seconds_bucket":
                 out[f"bucket:{sample.labels['le']}"] = sample.value
+            elif sample.name == "etj_operator_drain_stage_seconds_bucket":
+                out[f"stage:{sample.labels['stage']}:{sample.labels['le']}"] = sample.value
             elif sample.name == "etj_operator_watch_events_total":
                 out[f"events:{sample.labels['resource']}"] = sample.value
             elif sample.name == "etj_operator_reconcile_errors_total":
@@ -108,10 +113,12 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def bucket_quantile(before: dict[str, float], after: dict[str, float], q: float) -> float | None:
+def bucket_quantile(
+    before: dict[str, float], after: dict[str, float], q: float, prefix: str = "bucket:"
+) -> float | None:
     """Upper bound of the histogram bucket holding quantile q of the observations between two scrapes."""
     bounds = sorted(
-        (float(k.split(":", 1)[1]), after[k] - before.get(k, 0)) for k in after if k.startswith("bucket:")
+        (float(k[len(prefix) :]), after[k] - before.get(k, 0)) for k in after if k.startswith(prefix)
     )
     total = bounds[-1][1] if bounds else 0
     if not total:
@@ -394,6 +401,17 @@ def share(counts: dict[str, int], max_workers: int) -> dict[str, Any]:
     }
 
 
+def install_crd(kubeconfig: str | None) -> None:
+    """crds/ on the bed (a fresh `etj cluster up` has none), as the test plugin installs it."""
+
+    def kubectl(*args: str) -> str:
+        cmd = [str(toolchain.binary("kubectl")), *(["--kubeconfig", kubeconfig] if kubeconfig else []), *args]
+        return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    wait_established(kubectl, "crd", f"{PLURAL}.{GROUP}")
+
+
 def make_bed(args: argparse.Namespace, core: Any, run: str, pool: ThreadPoolExecutor) -> dict[str, Any]:
     n_spot = round(args.nodes * args.spot_fraction)
     names = [f"b{run}-{'spot' if i < n_spot else 'od'}-{i}" for i in range(args.nodes)]
@@ -593,6 +611,14 @@ def run_arm(
                 "p50_le": bucket_quantile(before, after, 0.5),
                 "p99_le": bucket_quantile(before, after, 0.99),
             },
+            # Where the operator's part went (etj_operator_drain_stage_seconds; absent in older builds).
+            "operator_stages_seconds": {
+                stage: {
+                    f"p{round(frac * 100)}_le": bucket_quantile(before, after, frac, f"stage:{stage}:")
+                    for frac in (0.5, 0.99)
+                }
+                for stage in ("queued", "plan", "api")
+            },
             "api_requests_per_drained_worker": round(api_calls / max(1, len(lat)), 2),
             "operator_cpu_seconds": round(usage1["cpu_seconds"] - usage0["cpu_seconds"], 2),
             "bed_events": {r: c1[r] - c0[r] for r in c1},
@@ -672,6 +698,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "loadavg_start": loadavg(),
     }
+    install_crd(args.kubeconfig)
     if args.extra_priority_class:
         ensure_extra_class(api, args.extra_priority_class)
     counter = EventCounter(core)

@@ -50,6 +50,17 @@ class Metrics:
             buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0),
             **common,
         )
+        # The same path in three parts, to say where a slow drain spent its time: "queued" from the
+        # signal first seen to the start of the job's reconcile round that drains (the job's loop busy
+        # with an earlier round, or the event loop busy), "plan" from there to the delete being sent,
+        # "api" the delete request itself (a thread, then the apiserver).
+        self.drain_stage = Histogram(
+            "drain_stage_seconds",
+            "The interruption-to-drain path by stage: queued, plan, api.",
+            ["stage"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0),
+            **common,
+        )
         self.reconcile_errors = Counter(
             "reconcile_errors",
             "Reconciles that raised (they are retried).",

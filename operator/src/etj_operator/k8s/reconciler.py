@@ -68,6 +68,7 @@ class JobRunner:
         # operator patches once, which also moves a Service of an older operator onto an index).
         self.serving: int | None = None
         self.create_rejection: str | None = None  # the apiserver's refusal of our last pod create
+        self.round_started = utcnow()  # when the current reconcile round began (the drain stages' clock)
         self.task: asyncio.Task[None] | None = None
         self.progress_task: asyncio.Task[None] | None = None
 
@@ -158,6 +159,7 @@ class JobRunner:
         )
 
     async def reconcile(self) -> Plan | None:
+        self.round_started = utcnow()
         job = self._job()
         if job is None:
             return None
@@ -287,12 +289,20 @@ class JobRunner:
         idle = pod is not None and pod.phase in ("Failed", "Succeeded", "Pending") and pod.node is None
         if force or idle:
             grace = 0  # nothing runs (or its node is gone): no reason to wait
+        sent = utcnow()
         await self.kube.delete_pod(job.namespace, name, uid=uid or None, grace=grace)
+        accepted = utcnow()
         self.expect_delete[name] = (uid or "", time.monotonic() + EXPECTATION_TTL)
         self.expect_create.pop(name, None)
         METRICS.drains.labels(reason).inc()
         if since is not None:
-            METRICS.interruption_to_drain.observe(max(0.0, (utcnow() - since).total_seconds()))
+            METRICS.interruption_to_drain.observe(max(0.0, (accepted - since).total_seconds()))
+            for stage, start, end in (
+                ("queued", since, self.round_started),
+                ("plan", self.round_started, sent),
+                ("api", sent, accepted),
+            ):
+                METRICS.drain_stage.labels(stage).observe(max(0.0, (end - start).total_seconds()))
         log.info("drained %s/%s: %s", job.namespace, name, reason)
 
     async def _create(self, body: dict[str, Any]) -> None:
