@@ -540,6 +540,13 @@ def run_arm(
             job = p.metadata.labels.get("etj.dev/job", "")
             counts[job] = counts.get(job, 0) + 1
         out["share"] = share(counts, args.workers_per_job)
+        if not running:
+            # An operator that never planned (the baseline at 10,000 foreign pods: kopf still indexing
+            # them when the settle timeout ran out) has nothing to interrupt or restart: say so and stop.
+            out["never_settled"] = True
+            out["reconciles"] = scrape_all(port).get("reconciles", 0)
+            out["loadavg"] = loadavg()
+            return out
 
         # Steady state: the bed's churn only (foreign status updates, heartbeats), jobs settled.
         s0, u0, c0, t0 = scrape_all(port), proc_usage(op.pid), counter.snapshot(), time.monotonic()

@@ -173,3 +173,29 @@ def test_the_first_listing_opens_the_gate_and_fills_both_views() -> None:
     assert state.pods_listed.is_set()
     assert dict(state.node_usage()["n1"]) == {GPU: 2}  # both namespaces' ledgers, merged
     assert [p.name for p in state.job_pods("a", "j")] == ["w"]
+
+
+def test_the_node_view_follows_the_node_index_and_node_deletions() -> None:
+    """Issue 29: plans read nodes from a plain dict kept by the node index's calls (reading kopf's index
+    cost ~5 µs a node per plan); it must still see new, changed and deleted nodes."""
+    import asyncio
+
+    from etj_operator.k8s.handlers import etj_nodes, node_event
+    from etj_testbed.localcluster.fake_nodes import fake_gpu_node
+
+    state, _ = _state()
+    memo = {"etj": state}
+    spot = fake_gpu_node(
+        "s1", capacity_type="spot", gpus=2, provider="karpenter", pool="p", labels={}, taints=[]
+    )
+    asyncio.run(etj_nodes(name="s1", body=spot, memo=memo))
+    assert list(state.nodes()) == ["s1"] and state.nodes()["s1"].signal is None
+    tainted = {
+        **spot,
+        "spec": {"taints": [{"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]},
+    }
+    asyncio.run(etj_nodes(name="s1", body=tainted, memo=memo))
+    signal = state.nodes()["s1"].signal
+    assert signal is not None and signal.since is not None  # stamped when first seen: the drain clock
+    asyncio.run(node_event(type="DELETED", name="s1", body=tainted, memo=memo))
+    assert "s1" not in state.nodes() and "s1" in state.deleted_nodes()

@@ -17,6 +17,7 @@ SUB = "operator"
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        """Long because: one declaration per metric, each with its help text and buckets."""
         self.registry = registry
         common: dict[str, Any] = {"namespace": NS, "subsystem": SUB, "registry": registry}
         self.desired_workers = Gauge(
