@@ -35,7 +35,9 @@ def test_without_libuv_the_store_serves_on_its_socket(monkeypatch: pytest.Monkey
         "127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=10)
     )
     client.set("k", "v")
-    assert server.get("k") == b"v" and client.add("n", 2) == 2
+    assert server.store.get("k") == b"v" and client.add("n", 2) == 2
+    assert server.relay is not None  # the poll()-based server is reached through the relay (issue 26)
+    server.close()
 
 
 def test_other_store_errors_are_not_taken_for_a_missing_libuv(monkeypatch: pytest.MonkeyPatch) -> None:

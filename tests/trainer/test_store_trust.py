@@ -17,7 +17,8 @@ import time
 import urllib.error
 import urllib.request
 from base64 import b64encode
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -163,11 +164,12 @@ def test_a_pickled_rendezvous_state_from_a_tokenless_client_runs_no_code(tmp_pat
 # ---- the replica bounds --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def store_proc() -> Any:
+@contextmanager
+def _store(*args: str) -> Iterator[tuple[subprocess.Popen[bytes], int, str]]:
+    """``etj-train store`` on loopback with ``args``: the process, its TCPStore port, its progress URL."""
     port, http_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "etj_trainer.cli", "store", "--host", "127.0.0.1",
-           "--port", str(port), "--http-port", str(http_port), "--max-open-files", "128"]  # fmt: skip
+           "--port", str(port), "--http-port", str(http_port), *args]  # fmt: skip
     proc = subprocess.Popen(cmd, env={**os.environ, "ETJ_PROGRESS_TOKEN": TOKEN})
     url = f"http://127.0.0.1:{http_port}/progress"
     try:
@@ -176,6 +178,12 @@ def store_proc() -> Any:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def store_proc() -> Iterator[tuple[subprocess.Popen[bytes], int, str]]:
+    with _store("--max-open-files", "128") as running:
+        yield running
 
 
 def test_bounds_written_without_the_token_are_ignored(store_proc: Any) -> None:
@@ -196,24 +204,35 @@ def test_bounds_written_without_the_token_are_ignored(store_proc: Any) -> None:
 
 
 def _closed_within(socks: list[socket.socket], seconds: float) -> int:
-    """How many of ``socks`` the peer closes within ``seconds``."""
-    open_ = set(socks)
+    """How many of ``socks`` the peer closes within ``seconds`` (poll(): select() ends at descriptor 1024)."""
+    poller = select.poll()
+    open_ = {s.fileno(): s for s in socks}
+    for fd in open_:
+        poller.register(fd, select.POLLIN)
     closed = 0
     deadline = time.monotonic() + seconds
     while open_ and time.monotonic() < deadline:
-        readable, _, _ = select.select(list(open_), [], [], max(0.0, deadline - time.monotonic()))
-        for s in readable:
-            open_.discard(s)
+        for fd, _ in poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            poller.unregister(fd)
             try:
-                closed += s.recv(1) == b""
+                closed += open_.pop(fd).recv(1) == b""
             except ConnectionResetError:
                 closed += 1
     return closed
 
 
+def _a_new_client_gets(port: int, key: str, value: bytes) -> bool:
+    try:
+        c = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
+        return c.get(key) == value
+    except Exception:
+        return False
+
+
 def test_the_store_caps_its_tcpstore_connections_and_serves_on(store_proc: Any) -> None:
-    """A client opening connections without end meets the store's descriptor limit (libuv accepts and
-    closes past it); a job's client already connected is served all along, and new ones once it ends."""
+    """A client opening connections without end meets the store's descriptor limit (torch's libuv server
+    accepts and closes past it); a job's client already connected is served all along, and new ones once
+    it ends."""
     _, port, _ = store_proc
     job = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
     job.set("k", "v")
@@ -230,14 +249,31 @@ def test_the_store_caps_its_tcpstore_connections_and_serves_on(store_proc: Any) 
         for s in flood:
             s.close()
 
-    def a_new_client_connects() -> bool:
-        try:
-            c = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
-            return c.get("k") == b"v"
-        except Exception:
-            return False
+    _wait_for(lambda: _a_new_client_gets(port, "k", b"v"))
 
-    _wait_for(a_new_client_connects)
+
+def test_the_poll_server_caps_its_tcpstore_connections_and_serves_on() -> None:
+    """torch's poll()-based TCPStore server (the store image's torch has no libuv) aborted the whole store
+    when accept() met the descriptor limit: a flood past ``--max-open-files`` killed it (exit 134 here, 139
+    in the store image) and every agent lost the world (issue 26). Behind the store's relay the connections
+    past the cap are closed at once, and the store serves the job's client and new ones."""
+    limit = 512
+    with _store("--no-libuv", "--max-open-files", str(limit)) as (proc, port, url):
+        job = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        job.set("k", "v")
+        flood: list[socket.socket] = []
+        try:
+            for _ in range(limit + 100):  # past the limit itself, not only the cap under it
+                flood.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            # Each relayed connection costs the store three descriptors: at most a third of them are kept.
+            assert _closed_within(flood, seconds=10.0) >= len(flood) - limit // 3
+            assert proc.poll() is None, f"the store exited ({proc.returncode}) under the flood"
+            assert job.get("k") == b"v"  # the job's own connection is served meanwhile
+        finally:
+            for s in flood:
+                s.close()
+        _wait_for(lambda: _a_new_client_gets(port, "k", b"v"))
+        assert get_json(url, token=TOKEN) is not None and proc.poll() is None
 
 
 def test_the_http_endpoint_caps_its_connections() -> None:

@@ -81,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         default=STORE_MAX_OPEN_FILES,
         help="the store process's descriptor limit, which caps its TCPStore connections",
     )
+    st.add_argument(
+        "--no-libuv",
+        action="store_true",
+        help="torch's poll()-based TCPStore server (behind the store's relay) even where libuv is there",
+    )
     wk = sub.add_parser("worker", help="worker pod: elastic agent from the ETJ_* environment")
     _add_script(wk)
     lo = sub.add_parser("local", help="run store + N agents on loopback, resizing on a schedule")
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.cmd == "store":
         from etj_trainer.service.store_server import serve
 
-        serve(ns.host, ns.port, ns.http_port, max_open_files=ns.max_open_files)
+        serve(ns.host, ns.port, ns.http_port, max_open_files=ns.max_open_files, libuv=not ns.no_libuv)
         return 0
     if ns.cmd == "worker":
         import os
