@@ -677,9 +677,23 @@ def run_arm(
         stop(op)
         # The workers' GPUs must be free before the next arm. Deleting the namespace alone leaves that to
         # the namespace controller, minutes on a loaded machine: delete the jobs and pods directly.
-        custom.delete_collection_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
-        drained(core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False))
-        drained(core.delete_namespace(ns, _preload_content=False))
+        for attempt in range(5):
+            # Raw, and retried: on a loaded apiserver the answer listing 100 deleted jobs was cut off
+            # (IncompleteRead) and took the arm's results with it.
+            try:
+                drained(
+                    custom.delete_collection_namespaced_custom_object(
+                        GROUP, VERSION, ns, PLURAL, _preload_content=False
+                    )
+                )
+                drained(
+                    core.delete_collection_namespaced_pod(ns, grace_period_seconds=0, _preload_content=False)
+                )
+                drained(core.delete_namespace(ns, _preload_content=False))
+                break
+            except Exception as exc:  # any failure: try again, then leave it
+                print(f"cleanup of {ns} failed ({exc!r}), attempt {attempt + 1}", file=sys.stderr)
+                time.sleep(2)
         # The workers' GPUs must be free before the next arm: wait for the namespace's pods to go.
         end = time.monotonic() + 180
         while time.monotonic() < end and core.list_namespaced_pod(ns, limit=1).items:
@@ -734,7 +748,10 @@ def main() -> int:
         )
         result["arms"] = {}
         for arm in arms:
-            result["arms"][arm.name] = run_arm(arm, args, core, custom, run, bed, counter)
+            try:
+                result["arms"][arm.name] = run_arm(arm, args, core, custom, run, bed, counter)
+            except Exception as exc:  # keep the other arms' results; say what stopped this one
+                result["arms"][arm.name] = {"error": repr(exc)}
             if args.out:
                 args.out.write_text(json.dumps(result, indent=2))
         result["bed"]["foreign_updates_per_s"] = round(updater.rate(), 1)
