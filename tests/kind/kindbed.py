@@ -34,6 +34,17 @@ def kubectl_path() -> str:
     return str(built) if built.exists() else shutil.which("kubectl") or "kubectl"
 
 
+def kubectl(bed: KindBed, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``kubectl ARGS`` against the kind cluster; the caller checks the return code (some callers expect a
+    refusal, or clean up best effort)."""
+    return subprocess.run(
+        [kubectl_path(), "--kubeconfig", str(bed.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def wait_for(what: str, predicate: Callable[[], object], timeout: float, every: float = 2.0) -> Any:
     """Poll until ``predicate`` returns something truthy, and return it; fail naming ``what``."""
     deadline = time.monotonic() + timeout
@@ -281,14 +292,8 @@ class Prober:
 
     def connect(self, host: str, port: int, kind: str = "tcp") -> str:
         """'open', or 'closed: <why>', for a TCP connection (or an HTTP GET) from the prober to host:port."""
-        kubectl = [kubectl_path(), "--kubeconfig", str(self.bed.kubeconfig)]
         script = ["python", "-c", PROBE, host, str(port), kind]
-        out = subprocess.run(
-            [*kubectl, "exec", "-n", self.ns, self.pod, "--", *script],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        out = kubectl(self.bed, "exec", "-n", self.ns, self.pod, "--", *script, timeout=60)
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()
 

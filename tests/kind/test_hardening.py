@@ -7,13 +7,12 @@ a real kubelet and the standby is the chart's own Deployment."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from typing import Any
 
 import pytest
 
-from tests.kind.kindbed import KindBed, exactly_once, kubectl_path, running_job, two_worker_job, wait_for
+from tests.kind.kindbed import KindBed, exactly_once, kubectl, running_job, two_worker_job, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.kind, pytest.mark.kind_full]
 
@@ -21,15 +20,6 @@ EPOCHS = 12
 STORE_LATE_S = 180  # issue 26: agents started 3 minutes before their store
 RELEASE_NAMESPACE = "etj-system"  # scripts/kind.sh install (ETJ_RELEASE_NAMESPACE)
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{RELEASE_NAMESPACE}/leases/etj-operator"
-
-
-def _kubectl(kind: KindBed, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [kubectl_path(), "--kubeconfig", str(kind.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_a_drain_of_the_store_node_completes_and_the_job_trains_on(kind: KindBed) -> None:
@@ -43,7 +33,7 @@ def test_a_drain_of_the_store_node_completes_and_the_job_trains_on(kind: KindBed
             started = time.monotonic()
             # What a node group upgrade does to the node: cordon, then evict through the eviction API,
             # retrying while a PodDisruptionBudget refuses. Only this job's pods: the node may host others'.
-            drain = _kubectl(
+            drain = kubectl(
                 kind,
                 "drain",
                 store_node,
@@ -66,7 +56,7 @@ def test_a_drain_of_the_store_node_completes_and_the_job_trains_on(kind: KindBed
                 timeout=900,
             )
         finally:
-            _kubectl(kind, "uncordon", store_node)
+            kubectl(kind, "uncordon", store_node)
         result = run.result()
 
     status = result.status.get("status") or {}
@@ -105,10 +95,10 @@ def test_workers_started_minutes_before_their_store_wait_for_it_and_train(kind: 
             run.wait(f"{STORE_LATE_S} s without a store", waited_unharmed, timeout=STORE_LATE_S + 300)
             ready = next(c for c in run.status().get("conditions") or [] if c["type"] == "Ready")
             assert ready["reason"] == "RendezvousNotRunning", ready  # the wait is visible in status
-            assert _kubectl(kind, "label", "node", store_node, f"etj.dev/kind-test={label}").returncode == 0
+            assert kubectl(kind, "label", "node", store_node, f"etj.dev/kind-test={label}").returncode == 0
             run.wait("training with the late store", lambda: run.step() >= 5, timeout=900)
         finally:
-            _kubectl(kind, "label", "node", store_node, "etj.dev/kind-test-")
+            kubectl(kind, "label", "node", store_node, "etj.dev/kind-test-")
         result = run.result()
 
     status = result.status.get("status") or {}

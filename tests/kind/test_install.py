@@ -3,11 +3,9 @@ Pod Security "restricted", with the chart's RBAC and no more."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from tests.kind.kindbed import KindBed, kubectl_path
+from tests.kind.kindbed import KindBed, kubectl
 
 pytestmark = [pytest.mark.kind]
 
@@ -15,11 +13,8 @@ RELEASE, NAMESPACE = "etj", "etj-system"  # scripts/kind.sh's defaults
 
 
 def can_i(kind: KindBed, *args: str) -> str:
-    out = subprocess.run(
-        [kubectl_path(), "--kubeconfig", str(kind.kubeconfig), "auth", "can-i", *args,
-         f"--as=system:serviceaccount:{NAMESPACE}:{RELEASE}"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    account = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+    out = kubectl(kind, "auth", "can-i", *args, f"--as={account}", timeout=60)
     return out.stdout.strip()
 
 

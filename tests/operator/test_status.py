@@ -281,3 +281,24 @@ def test_which_running_count_changes_are_resizes(case: str) -> None:
     # The change is still an Event, recorded as a resize or not.
     change = f"workers {prev.current_replicas or 0} -> {running}"
     assert [(e.type, e.message) for e in out.events] == [("Normal", change)]
+
+
+# the trainer's progress as the operator last read it -> the job's phase once its only worker exited 0
+LAST_WORKER_EXITS: dict[str, tuple[dict[str, Any], str]] = {
+    "with the final report read": ({"step": 180, "finished": True}, "Succeeded"),
+    "before the final report is read": ({"step": 180}, "Pending"),
+}
+
+
+@pytest.mark.parametrize("case", list(LAST_WORKER_EXITS), ids=list(LAST_WORKER_EXITS))
+def test_the_last_worker_exiting_0_is_the_job_finishing_not_a_lost_worker(case: str) -> None:
+    """Found on kind (tests/kind/test_failures.py, a one-worker job): the only worker exited 0 after the
+    last step, and the Event said `WorkerLost: workers 1 -> 0`, the reason for a worker deleted by hand.
+    Nothing drains it (it left by itself), so no drain's reason named the cause."""
+    progress, phase = LAST_WORKER_EXITS[case]
+    done = worker(0, "spot-0", phase="Succeeded", finished_at=NOW - timedelta(seconds=1))
+    out = plan(job(st=started(1)), observe(cluster(), [done, store()], progress=progress))
+    assert out.status.phase == phase
+    changes = [(e.type, e.reason, e.message) for e in out.events if e.message.startswith("workers")]
+    assert changes == [("Normal", "JobFinished", "workers 1 -> 0")], out.events
+    assert not out.status.resize_history  # the world did not shrink: training is over

@@ -67,6 +67,7 @@ class StatusInputs:
     crashes: int = 0  # crashes within the crash-loop window (status.crashTimes)
     crash_looping: bool = False  # decide/crash_loop.crash_looping
     crash_detail: str = ""  # the newest crash's cause, for the CrashLooping message
+    finished: bool = False  # a worker exited 0 by itself: training is over (decide/finish.py)
 
 
 def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
@@ -77,6 +78,10 @@ def _resize_reason(inp: StatusInputs, prev_running: int) -> str:
         for drain in worker_drains:
             if drain.reason in preferred:
                 return drain.reason
+    if inp.finished:
+        # Workers that exit 0 by themselves are not drained, so no drain names the cause: the last one
+        # of a job (or all of them at once) leaving after the final step is the job finishing.
+        return Reason.FINISHED
     return (
         Reason.WORKER_LOST
     )  # a worker stopped without anything we saw telling us why (e.g. deleted by hand)
@@ -93,7 +98,9 @@ def world_running(inp: StatusInputs) -> bool:
     """
     if not inp.progress_tracked:
         return True
-    finished = inp.succeeded or ProgressDoc.from_json(dict(inp.progress or {})).finished
+    # A worker that exited 0 by itself is proof too: only the end of training lets one exit 0, and its
+    # final report may not be read yet.
+    finished = inp.succeeded or inp.finished or ProgressDoc.from_json(dict(inp.progress or {})).finished
     return inp.prev.progress is not None and not finished
 
 

@@ -310,6 +310,7 @@ def write_status(c: PlanContext) -> None:
         crashes=len(c.crash_times),
         crash_looping=c.crash_looping,
         crash_detail=c.crash_detail,
+        finished=c.outcome.done or c.outcome.awaiting_report,
     )
     c.out.status, events = build_status(inputs)
     c.out.events += events  # after those of earlier steps (AvoidingNode)

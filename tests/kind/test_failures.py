@@ -1,0 +1,437 @@
+"""Issue 26's failure handling under a real kubelet (the whole kind suite: `make e2e-kind`): a worker whose
+container really exits non-zero is replaced on another node; failures spread wider apart than
+failurePolicy.failureWindowSeconds do not fail the job; training processes killed mid-training, again and
+again, raise CrashLooping; and a pod the job's NetworkPolicy admits still cannot run code in the agents or
+change the world's bounds through the store.
+
+The same behaviours are tested against the local apiserver in tests/integration/test_operator_failures.py
+(there the test writes the kubelet's pod status and speaks for the agent) and
+tests/trainer/test_store_trust.py (a local TCPStore); here the containers, their exits, the signals and the
+network are real. That a pod in another namespace cannot even connect to the store's ports is the smoke
+test's (tests/kind/test_smoke.py).
+
+The crashes are the jobs' own: the trainer command is wrapped in ``sh -c`` that fails on purpose, deciding by
+marker directories in the shared directory (every node mounts it; ``mkdir`` is atomic, so of two workers
+starting together exactly one takes a marker), then execs the normal trainer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from etj_contract.ports import PROGRESS_PORT, RDZV_PORT
+from etj_contract.replicas import REPLICAS_PATH
+from tests.kind.kindbed import (
+    JSON,
+    KindBed,
+    RunningJob,
+    exactly_once,
+    kubectl,
+    running_job,
+    two_worker_job,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.kind, pytest.mark.kind_full]
+
+MARKERS_ENV = "KIND_TEST_MARKERS"  # the test's own: outside the ETJ_* names the trainer reads
+NODE_ENV = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+
+
+def _markers(kind: KindBed, tag: str) -> Path:
+    """A fresh directory in the shared directory, writable by the trainer (uid 1000) on every node."""
+    path = kind.shared_dir / "markers" / f"{tag}-{uuid.uuid4().hex[:6]}"
+    path.mkdir(parents=True)
+    path.chmod(0o777)
+    return path
+
+
+def _crashing_job(epochs: int, min_step_s: float, script: str, markers: Path) -> JSON:
+    """The demo's two-worker job whose workers run ``script`` (sh) instead of the trainer's command."""
+    job = two_worker_job(epochs, min_step_s, command=["sh", "-c", script])
+    job["spec"]["trainer"]["env"] += [{"name": MARKERS_ENV, "value": str(markers)}, NODE_ENV]
+    return job
+
+
+def _condition(run: RunningJob, type_: str) -> JSON:
+    return next((c for c in run.status().get("conditions") or [] if c["type"] == type_), {})
+
+
+def _warnings(kind: KindBed, run: RunningJob, reason: str) -> list[str]:
+    return [
+        e.get("message") or ""
+        for e in kind.events(run.ns, run.name)
+        if e.get("type") == "Warning" and e.get("reason") == reason
+    ]
+
+
+def _worker_changes(kind: KindBed, run: RunningJob, message: str) -> list[JSON]:
+    """The job's Events whose message starts with ``message`` (the operator's "workers A -> B")."""
+    return [e for e in kind.events(run.ns, run.name) if (e.get("message") or "").startswith(message)]
+
+
+def _exec(kind: KindBed, run: RunningJob, pod: str, *command: str) -> str:
+    out = kubectl(kind, "exec", "-n", run.ns, pod, "--", *command, timeout=120)
+    assert out.returncode == 0, (pod, command, out.stdout, out.stderr)
+    return out.stdout.strip()
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
+
+
+# ---- a crash: the replacement avoids the node ------------------------------------------------------------
+
+# The first worker to start exits 3 at once (its node recorded for the test), every later one trains.
+CRASH_ONCE = f"""
+if mkdir "${MARKERS_ENV}/crashed" 2>/dev/null; then
+  echo "$NODE_NAME" > "${MARKERS_ENV}/crashed/node"
+  echo "crashing on purpose on $NODE_NAME" >&2
+  exit 3
+fi
+exec etj-train worker
+"""
+
+
+def _avoids(pod: JSON, node: str) -> bool:
+    """The pod may not run on ``node``: every required node-selector term has hostname NotIn it."""
+    affinity = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+    terms = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
+    return bool(terms) and all(
+        any(
+            e.get("key") == "kubernetes.io/hostname" and e.get("operator") == "NotIn" and node in e["values"]
+            for e in t.get("matchExpressions") or []
+        )
+        for t in terms
+    )
+
+
+def test_a_worker_that_crashed_is_replaced_on_another_node(kind: KindBed) -> None:
+    epochs = 8
+    markers = _markers(kind, "avoid")
+    with running_job(kind, "avoid", _crashing_job(epochs, 0.5, CRASH_ONCE, markers), epochs) as run:
+        bad = run.wait("a worker crashed", lambda: _read(markers / "crashed" / "node"), timeout=300)
+        crashed = time.monotonic()
+
+        def replacement() -> JSON | None:
+            return next(
+                (
+                    p
+                    for p in run.pods("worker")
+                    if p["status"].get("phase") == "Running"
+                    and bad in (p["metadata"].get("annotations") or {}).get("etj.dev/avoided-nodes", "")
+                ),
+                None,
+            )
+
+        new = run.wait("the replacement running", replacement, timeout=300)
+        replaced_s = time.monotonic() - crashed
+        assert new["spec"]["nodeName"] != bad, (bad, new["spec"]["nodeName"])
+        assert _avoids(new, bad), new["spec"].get("affinity")
+        avoiding = run.wait("an AvoidingNode Warning", lambda: _warnings(kind, run, "AvoidingNode"), 60)
+        assert any(bad in m and "crashing on purpose" in m for m in avoiding), avoiding
+        avoided = run.wait("status.avoidedNodes", lambda: run.status().get("avoidedNodes"), 60)
+        assert [a["node"] for a in avoided] == [bad], avoided
+        result = run.result()
+
+    status = result.status.get("status") or {}
+    assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
+    assert status.get("failures") == 1, status  # the one crash, counted against the budget
+    exactly_once(run.run_dir, epochs)
+    print(f"crash on {bad}: replacement running on {new['spec']['nodeName']} {replaced_s:.1f} s later")
+
+
+# ---- failures further apart than the window -------------------------------------------------------------
+
+FAILURE_WINDOW_S = 30
+CRASH_AFTER_S = 40  # > the window: consecutive crashes are further apart than it, whatever the restarts take
+# Crash 0 is the first worker's to start, crash 1 the first to start after crash 0 (not its peer that started
+# alongside: that one trains on, or both would crash at once and fail the job inside one window); each trains
+# for CRASH_AFTER_S, then the container exits 1 (sh is PID 1: its exit kills the trainer mid-step, as a
+# fault of the machine would). Every later worker trains to the end.
+CRASH_TWICE = f"""
+crash() {{
+  etj-train worker &
+  sleep {CRASH_AFTER_S}
+  date +%s.%N > "${MARKERS_ENV}/$1/at"
+  echo "crash $1 on purpose on $NODE_NAME" >&2
+  exit 1
+}}
+if mkdir "${MARKERS_ENV}/0" 2>/dev/null; then crash 0; fi
+if [ -e "${MARKERS_ENV}/0/at" ] && mkdir "${MARKERS_ENV}/1" 2>/dev/null; then crash 1; fi
+exec etj-train worker
+"""
+
+
+def test_failures_further_apart_than_the_window_do_not_fail_the_job(kind: KindBed) -> None:
+    """maxFailures 1 and two real crashes: with the window each crash is alone in it, so the job trains on
+    and Succeeds. Without it (failureWindowSeconds: 0) the budget counts the job's lifetime, 2 > 1, and
+    the same job would be Failed at the second crash (decide/bad_nodes.py budget_failures)."""
+    epochs = 16
+    markers = _markers(kind, "window")
+    job = _crashing_job(epochs, 0.5, CRASH_TWICE, markers)
+    job["spec"]["failurePolicy"] = {
+        "maxFailures": 1,
+        "failureWindowSeconds": FAILURE_WINDOW_S,
+        # The window is under test here, placement in the test above: avoiding both crash nodes would leave
+        # the later workers one of kind's three nodes.
+        "avoidNodeSeconds": 0,
+    }
+    with running_job(kind, "window", job, epochs) as run:
+        run.wait("the second crash", lambda: (markers / "1" / "at").exists(), timeout=900)
+        failed = run.wait(
+            "both crashes counted",
+            lambda: (run.status().get("failures") or 0) >= 2 and run.status(),
+            timeout=120,
+        )
+        assert failed.get("phase") != "Failed", failed.get("conditions")
+        result = run.result()
+
+    status = result.status.get("status") or {}
+    crashes = [float((markers / str(n) / "at").read_text()) for n in (0, 1)]
+    apart = crashes[1] - crashes[0]
+    assert apart > FAILURE_WINDOW_S, crashes
+    assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
+    # Both crashes were failures; without the window 2 > maxFailures would have failed the job.
+    assert status.get("failures") == 2, status
+    assert len(status.get("failureTimes") or []) <= 1, status  # the older one left the window
+    assert len(_warnings(kind, run, "WorkerFailed")) >= 2
+    exactly_once(run.run_dir, epochs)
+    print(f"two crashes {apart:.1f} s apart (window {FAILURE_WINDOW_S} s, maxFailures 1): Succeeded")
+
+
+# ---- a crash loop with progress between the crashes -----------------------------------------------------
+
+# Run in a worker's container: SIGKILL to the training processes, the children of the agent's forkserver
+# (forked children keep the forkserver's command line, so the forkserver is the one whose parent's differs).
+KILL_TRAINING = r"""
+import os, signal
+def read(pid, name):
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+def ppid(pid):
+    line = next((x for x in read(pid, "status").splitlines() if x.startswith(b"PPid:")), b"PPid: 0")
+    return int(line.split()[1])
+pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+forking = {p for p in pids if b"forkserver" in read(p, "cmdline")}
+servers = {p for p in forking if ppid(p) not in forking}
+victims = [p for p in pids if ppid(p) in servers]
+for p in victims:
+    os.kill(p, signal.SIGKILL)
+print(" ".join(map(str, victims)))
+"""
+# The operator stamps a crash when it reads the store's count (every 10 s): kills this far apart are stamped
+# more than CRASH_COLLAPSE_S (10 s) apart, so none collapses into another as one fault.
+CRASH_SPACING_S = 25
+
+
+def _trained_on(run: RunningJob, step: int, killed: float) -> Callable[[], bool]:
+    """Past ``step`` again, and CRASH_SPACING_S after the kill at ``killed`` (time.monotonic())."""
+    return lambda: run.step() > step and time.monotonic() - killed >= CRASH_SPACING_S
+
+
+def test_training_killed_again_and_again_raises_crash_looping_within_two_minutes(kind: KindBed) -> None:
+    """Each kill is a crash inside the pod: the agent restarts its training process and reports the crash
+    to the store (elastic_agent.count_crash), which the operator counts; no pod fails or is replaced, and
+    the job makes progress between the kills, so the agent's own budget never gives up."""
+    epochs = 14
+    job = two_worker_job(epochs, 0.5)
+    job["spec"]["replicas"] = {"min": 1, "max": 1}  # one agent: its restarts are the whole world's
+    job["spec"]["checkpoint"]["intervalSteps"] = 5  # a restart redoes at most a few steps
+    with running_job(kind, "crashloop", job, epochs) as run:
+        workers = run.wait("the worker training", lambda: run.training_workers(1, min_step=5))
+        ((pod, _),) = workers.items()
+        uid = run.pods("worker")[0]["metadata"]["uid"]
+        kills: list[float] = []
+        at_kill = 0
+        for i in range(3):
+            if kills:
+                again = _trained_on(run, at_kill, kills[-1])
+                run.wait(f"training on after kill {i}, {CRASH_SPACING_S} s after it", again, timeout=300)
+            at_kill = run.step()
+            victims = _exec(kind, run, pod, "python", "-c", KILL_TRAINING)
+            assert victims, "no training process to kill"
+            kills.append(time.monotonic())
+        try:
+            run.wait(
+                "CrashLooping=True",
+                lambda: _condition(run, "CrashLooping").get("status") == "True",
+                timeout=max(1.0, 120 - (time.monotonic() - kills[0])),
+            )
+        except AssertionError:
+            print(run.status())
+            raise
+        took = time.monotonic() - kills[0]
+        cond = _condition(run, "CrashLooping")
+        assert cond["reason"] == "RepeatedCrashes", cond
+        counted = re.match(r"(\d+) crashes in the last", cond["message"])
+        assert counted and int(counted.group(1)) >= 3, cond
+        event = run.wait("a CrashLooping Warning", lambda: _warnings(kind, run, "CrashLooping"), 60)
+        status = run.status()
+        assert (status.get("progress") or {}).get("crashes", 0) >= 3, status  # reported by the agent
+        assert not status.get("failures"), status  # no pod failed: restarts inside the pod
+        assert [p["metadata"]["uid"] for p in run.pods("worker")] == [uid], "the worker pod was replaced"
+        assert _condition(run, "Progressing").get("status") == "True"  # it did make progress
+        result = run.result()
+
+    status = result.status.get("status") or {}
+    assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
+    # The only worker leaving by itself after the last step is the job finishing: this job's kind run
+    # found the Event saying WorkerLost (fixed in decide/job_status.py, tests/operator/test_status.py).
+    ends = wait_for(
+        "the Event of the last worker's exit", lambda: _worker_changes(kind, run, "workers 1 -> 0"), 60
+    )
+    assert [e.get("reason") for e in ends] == ["JobFinished"], ends
+    exactly_once(run.run_dir, epochs)
+    spacing = ", ".join(f"{b - a:.0f}" for a, b in itertools.pairwise(kills))
+    print(f"3 kills ({spacing} s apart): CrashLooping {took:.1f} s after the first; {event[0]}")
+
+
+# ---- nothing from the store is trusted, from a pod the policy admits -------------------------------------
+
+# Run in a pod of the job's namespace that carries the job's label, so the job's NetworkPolicy admits it
+# (decide/dataplane.py: ingress from the job's own pods on any port): a plain TCPStore client, no token.
+ATTACK = r"""
+import base64, json, os, pickle, random, sys, time, urllib.error, urllib.request
+from datetime import timedelta
+from torch.distributed import TCPStore
+
+host, port, http_port, replicas_path, run_id, marker = sys.argv[1:]
+FORGERIES = 20
+
+class Payload:
+    def __reduce__(self):  # unpickling it runs os.mkdir(marker): any code would run the same way
+        return (os.mkdir, (marker,))
+
+evil = base64.b64encode(pickle.dumps(Payload())).decode()
+store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+writes = 0
+# The first agent to touch a forgery refuses it and writes its own state over it within a keep-alive (1 s),
+# so each forgery reaches about one agent: FORGERIES of them, at random spacing (no phase lock with one
+# agent's timers), reach every agent.
+for _ in range(FORGERIES):
+    for key in ("torch.rendezvous." + run_id, "etj.rendezvous." + run_id):  # torch's key and etj's
+        store.set(key, evil)
+    store.set("etj/replicas", "1:1")  # the bounds, where an older image read them
+    writes += 1
+    time.sleep(random.uniform(0.5, 2.0))
+body = json.dumps({"min": 1, "max": 1}).encode()
+req = urllib.request.Request(f"http://{host}:{http_port}{replicas_path}", data=body, method="POST",
+                             headers={"Content-Type": "application/json"})
+try:
+    code = urllib.request.urlopen(req, timeout=10).status
+except urllib.error.HTTPError as e:
+    code = e.code
+print(json.dumps({"writes": writes, "replicas_without_token": code}))
+"""
+# The bounds as the agents read them before a round: over HTTP, with the job's token (resize/bounds.py).
+READ_BOUNDS = "import os; from etj_trainer.resize import bounds; print(bounds.read_from(os.environ['ETJ_PROGRESS_URL']))"  # noqa: E501
+
+
+def _attacker(kind: KindBed, run: RunningJob) -> str:
+    """A pod in the job's namespace with the job's label (no role: the operator ignores it), running."""
+    name = f"attacker-{uuid.uuid4().hex[:5]}"
+    body = {
+        "metadata": {"name": name, "labels": {"etj.dev/job": run.name}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "attack",
+                    "image": kind.trainer_image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                }
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    kind.kube.request("POST", f"/api/v1/namespaces/{run.ns}/pods", body=body)
+    run.wait(
+        f"pod {name} running",
+        lambda: kind.kube.get(f"/api/v1/namespaces/{run.ns}/pods/{name}")["status"].get("phase") == "Running",
+        timeout=300,
+    )
+    return name
+
+
+def _refusing(kind: KindBed, run: RunningJob, pod: str) -> Callable[[], bool]:
+    """Whether ``pod``'s agent has logged a rendezvous state that failed its check (sealed_rendezvous.py)."""
+
+    def logged() -> bool:
+        out = kubectl(kind, "logs", "-n", run.ns, pod, timeout=60)
+        return "failed its check" in out.stdout + out.stderr
+
+    return logged
+
+
+def test_a_pod_the_policy_admits_cannot_run_code_or_set_bounds_through_the_store(kind: KindBed) -> None:
+    epochs = 12
+    markers = _markers(kind, "trust")
+    marker = markers / "pwned"  # an agent that unpickled the forgery would create it (uid 1000 may)
+    job = two_worker_job(epochs, 0.5)
+    with running_job(kind, "trust", job, epochs) as run:
+        workers = run.wait("two workers training", lambda: run.training_workers(2, min_step=5))
+        attacker = _attacker(kind, run)
+        try:
+            regrown_s = _attack(kind, run, workers, attacker, marker)
+        finally:
+            kind.kube.request("DELETE", f"/api/v1/namespaces/{run.ns}/pods/{attacker}")
+        result = run.result()
+
+    status = result.status.get("status") or {}
+    assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
+    assert not marker.exists(), "the store's bytes ran as code in an agent"
+    assert not status.get("failures"), status  # the forgery failed no worker
+    exactly_once(run.run_dir, epochs)
+    print(f"forgeries refused by {len(workers)} agents; world 2 again {regrown_s:.1f} s after a leave")
+
+
+def _attack(kind: KindBed, run: RunningJob, workers: dict[str, str], attacker: str, marker: Path) -> float:
+    """The attack from ``attacker`` and its checks; returns the seconds the world took to grow back to 2
+    after the round that followed it."""
+    job_path = f"/apis/etj.dev/v1alpha1/namespaces/{run.ns}/elastictrainingjobs/{run.name}"
+    uid = kind.kube.get(job_path)["metadata"]["uid"]  # ETJ_RDZV_ID: in every agent's rendezvous keys
+    host = f"{run.name}-rdzv.{run.ns}.svc"
+    args = [host, str(RDZV_PORT), str(PROGRESS_PORT), REPLICAS_PATH, uid, str(marker)]
+    attacked = _exec(kind, run, attacker, "python", "-c", ATTACK, *args)
+    assert '"writes": 20' in attacked, attacked  # admitted: it reached the TCPStore and wrote
+    assert '"replicas_without_token": 401' in attacked, attacked
+
+    # Every agent read the forgery and refused it (sealed_rendezvous.py logs it), and none ran it.
+    for pod in workers:
+        refused = _refusing(kind, run, pod)
+        run.wait(f"{pod} refusing the forged state", refused, timeout=60)
+    assert not marker.exists(), "the store's bytes ran as code in an agent"
+    bounds = _exec(kind, run, next(iter(workers)), "python", "-c", READ_BOUNDS)
+    assert bounds in ("None", "Replicas(min=1, max=2)"), bounds  # the operator's, or none said yet
+
+    # A join after the forged bounds: a worker leaves, its replacement joins, and the world is 2 again.
+    # Rank 0 admits joiners, and agents complete rounds, only up to the bounds they read (resize/bounds.py):
+    # had they taken the forged 1:1, the replacement would have been turned away.
+    leaver = sorted(workers)[0]
+    left_at, left = datetime.now(UTC), time.monotonic()
+    kind.kube.request("DELETE", f"/api/v1/namespaces/{run.ns}/pods/{leaver}")
+
+    def regrown() -> bool:
+        # Only the trainer's own record of a resize carries its pause: the operator records a pod count
+        # change as soon as the replacement runs, before the world has admitted it.
+        later = [
+            (r["from"], r["to"])
+            for r in run.status().get("resizeHistory") or []
+            if datetime.fromisoformat(r["time"]) > left_at and r.get("pauseSeconds") is not None
+        ]
+        return (2, 1) in later and (1, 2) in later[later.index((2, 1)) :]
+
+    run.wait("the world 2 -> 1, then 1 -> 2 with the replacement", regrown, timeout=600)
+    return time.monotonic() - left
