@@ -243,7 +243,7 @@ class ChaosDemo(Demo):
 
     def watch_bad_job(self) -> None:
         t0 = self.bad["submitted_at"]
-        if t0 is None or self.bad["failed_after_s"] is not None:
+        if t0 is None or (self.bad["failed_after_s"] is not None and self.bad["error"] is not None):
             return
         path = f"{GROUP_PATH}/namespaces/{self.ns}/elastictrainingjobs/{BAD_JOB}"
         status = (self.kube.get_or_none(path) or {}).get("status") or {}
@@ -257,7 +257,24 @@ class ChaosDemo(Demo):
                     self.bad["error"] = doc["lastError"]
                     self.bad["error_after_s"] = round(time.monotonic() - t0, 1)
                     self.event(f"{BAD_JOB} reports: {doc['lastError']}")
-        if status.get("phase") == "Failed":
+        if self.bad["error"] is None:
+            # The trainer refuses bad input before its agent starts (agent/preflight.py), often before the
+            # store answers: then the refusal reaches the user as the failed pod's termination message,
+            # which the WorkerFailed Warning quotes.
+            events = self.kube.get(
+                f"/api/v1/namespaces/{self.ns}/events",
+                fieldSelector=f"involvedObject.name={BAD_JOB},reason=WorkerFailed",
+            )
+            quoted = [
+                e.get("message") or ""
+                for e in events.get("items") or []
+                if "chaos-bad-data" in (e.get("message") or "")
+            ]
+            if quoted:
+                self.bad["error"] = quoted[0]
+                self.bad["error_after_s"] = round(time.monotonic() - t0, 1)
+                self.event(f"{BAD_JOB} WorkerFailed: {quoted[0]}")
+        if self.bad["failed_after_s"] is None and status.get("phase") == "Failed":
             self.bad["failed_after_s"] = round(time.monotonic() - t0, 1)
             self.bad["failures"] = status.get("failures")
             self.bad["message"] = status.get("message")

@@ -45,7 +45,7 @@ from etj_testbed.localcluster.proclet.nodes import (
     selector_for,
 )
 from etj_testbed.localcluster.proclet.proc import MARK_ROOT, is_running, reap_marked
-from etj_testbed.localcluster.proclet.status import ContainerRun, exit_code, pod_status
+from etj_testbed.localcluster.proclet.status import START_MARK, ContainerRun, exit_code, last_run, pod_status
 
 JSON = dict[str, Any]
 
@@ -600,3 +600,26 @@ def test_a_restarted_harness_reports_pods_whose_processes_it_lost(bed: Bed) -> N
     pod = bed.wait_phase("lost", "Failed")
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["reason"] == "ContainerStatusUnknown" and terminated["exitCode"] == 137
+
+
+def test_a_failed_container_with_fallback_to_logs_gets_its_last_run_lines_as_message() -> None:
+    """The kubelet's FallbackToLogsOnError, which worker pods ask for: on process nodes a failed worker's
+    termination message was empty, so the operator's WorkerFailed Event lacked the trainer's refusal (the
+    chaos bench's bad-data job Failed with no error to read)."""
+    log = f"{START_MARK} ['etj-train'] at t0\nold run\n{START_MARK} ['etj-train'] at t1\n"
+    log += "".join(f"line {i}\n" for i in range(100)) + "ETJ_DATA: /nonexistent: no such file or directory\n"
+    assert last_run(log).startswith("line 0\n") and "old run" not in last_run(log)
+
+    def ran(policy: str | None, returncode: int) -> dict[str, Any]:
+        spec = {"name": "main", "image": "img"} | ({"terminationMessagePolicy": policy} if policy else {})
+        run = ContainerRun(spec)
+        run.started("2026-01-01T00:00:00Z")
+        run.exited(returncode, "2026-01-01T00:00:05Z", lambda: last_run(log))
+        terminated: dict[str, Any] = run.status()["state"]["terminated"]
+        return terminated
+
+    message = ran("FallbackToLogsOnError", 1)["message"]
+    assert message.endswith("ETJ_DATA: /nonexistent: no such file or directory")
+    assert len(message.splitlines()) == 80 and "line 20\n" not in message  # the kubelet's 80-line limit
+    assert "message" not in ran("FallbackToLogsOnError", 0)  # only on an error
+    assert "message" not in ran(None, 1)  # File, the default: the (absent) termination-log file

@@ -35,7 +35,7 @@ from etj_testbed.localcluster.proclet.env import (
 from etj_testbed.localcluster.proclet.kube import Kube, delete_pod, now_rfc3339, pod_path
 from etj_testbed.localcluster.proclet.nodes import pull_seconds
 from etj_testbed.localcluster.proclet.proc import MARK_POD, MARK_ROOT, env_name, killpg, probe, reap_marked
-from etj_testbed.localcluster.proclet.status import ContainerRun, pod_status
+from etj_testbed.localcluster.proclet.status import START_MARK, ContainerRun, last_run, pod_status
 
 log = logging.getLogger("etj.proclet")
 
@@ -253,7 +253,7 @@ class PodRunner:
             argv = [substitute_services(a, ips) for a in argv]
         logfile: IO[bytes] = open(self.log_path(run.spec["name"]), "ab")  # noqa: SIM115 - child owns it
         try:
-            logfile.write(f"--- proclet: start {argv} at {now_rfc3339()}\n".encode())
+            logfile.write(f"{START_MARK} {argv} at {now_rfc3339()}\n".encode())
             logfile.flush()
             if not argv:
                 raise FileNotFoundError("the container has no command or args (process nodes have no image)")
@@ -352,7 +352,13 @@ class PodRunner:
             pid = run.proc.pid
             code = run.proc.wait()
             killpg(pid, signal.SIGKILL)  # what is left of the group goes with the container's main process
-            run.exited(code, now_rfc3339())
+            run.exited(code, now_rfc3339(), lambda: self._last_run_log(run.spec["name"]))
+
+    def _last_run_log(self, container: str) -> str:
+        try:
+            return last_run(self.log_path(container).read_bytes()[-65536:].decode(errors="replace"))
+        except OSError:
+            return ""
 
     def _backoff(self, run: ContainerRun) -> None:
         run.restarts += 1

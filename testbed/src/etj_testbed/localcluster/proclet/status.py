@@ -15,12 +15,21 @@ from typing import Any
 from etj_testbed.localcluster.proclet.kube import now_rfc3339
 
 JSON = dict[str, Any]
+FALLBACK_TO_LOGS = "FallbackToLogsOnError"
+START_MARK = "--- proclet: start"  # the line each container start writes to its log (pod.py)
 Prober = Callable[[str, JSON, dict[str, int]], bool]
 
 
 def exit_code(returncode: int) -> int:
     """Popen's -N for "killed by signal N" becomes 128+N, as container runtimes report it."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def last_run(log_text: str) -> str:
+    """What the container's last run wrote: the log after its last start line."""
+    if START_MARK not in log_text:
+        return log_text
+    return log_text.rsplit(START_MARK, 1)[-1].partition("\n")[2]
 
 
 @dataclass
@@ -55,7 +64,8 @@ class ContainerRun:
             self._next_probe = time.monotonic() + float(probe.get("initialDelaySeconds", 0))
             self._failures = 0
 
-    def exited(self, returncode: int, at: str) -> None:
+    def exited(self, returncode: int, at: str, log_tail: Callable[[], str] | None = None) -> None:
+        """``log_tail``: what this run wrote to its log, read only when the kubelet would read it."""
         code = exit_code(returncode)
         self.proc, self.exit_code, self.ready = None, code, False
         self.terminated = {
@@ -64,6 +74,16 @@ class ContainerRun:
             "startedAt": self.started_at or at,
             "finishedAt": at,
         }
+        # The kubelet's FallbackToLogsOnError: a failed container's last log lines (at most 80 lines and
+        # 2048 bytes) become its termination message, which the operator's WorkerFailed Event quotes.
+        if (
+            code != 0
+            and log_tail is not None
+            and self.spec.get("terminationMessagePolicy") == FALLBACK_TO_LOGS
+        ):
+            tail = "\n".join(log_tail().rstrip("\n").splitlines()[-80:]).encode()[-2048:]
+            if tail:
+                self.terminated["message"] = tail.decode(errors="replace")
         if returncode < 0:
             self.terminated["signal"] = -returncode
 
