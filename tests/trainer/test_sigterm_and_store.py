@@ -6,9 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+
+from tests.trainer.polling import wait_for
 
 from etj_trainer.agent.local_launcher import launch_store
 from etj_trainer.checkpoint.store import list_checkpoints, load_latest
@@ -28,12 +30,8 @@ TRAIN_ARGS = [
 ]
 
 
-def _wait_for(pred, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.1)
+def _wait_for(pred: Callable[[], object], timeout: float = 120.0) -> None:
+    wait_for(pred, timeout, every=0.1)
 
 
 def test_sigterm_writes_checkpoint_at_next_step_boundary(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
+from tests.trainer.polling import wait_for
 from torch.distributed import TCPStore
 
 from etj_trainer.service import store_relay
@@ -22,11 +23,7 @@ from etj_trainer.service.store_server import RunningStore, open_store
 
 
 def _wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.02)
+    wait_for(pred, timeout, every=0.02)
 
 
 def _start(max_connections: int = 64) -> tuple[RunningStore, int]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.trainer.polling import wait_for
 from torch.distributed import TCPStore
 
 from etj_contract.replicas import REPLICAS_PATH, Replicas
@@ -40,11 +41,7 @@ RUN_ID = "0f3c-job-uid"  # ETJ_RDZV_ID: in every pod's environment, so known to 
 
 
 def _wait_for(pred: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.05)
+    wait_for(pred, timeout, every=0.05)
 
 
 class _Payload:
