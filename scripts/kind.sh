@@ -7,8 +7,8 @@
 #   2. a Debian bookworm base image (mmdebstrap --variant=minbase + docker import: no registry is needed)
 #      and a Python base on it;
 #   3. the operator image (Dockerfile) and the CPU trainer image (trainer-image/Dockerfile.cpu), built from
-#      the repository's Dockerfiles with only PYTHON_IMAGE changed (and TORCH_INDEX where the PyTorch index
-#      is unreachable); the small store image (trainer-image/Dockerfile.store) on a Debian forky base made
+#      the repository's Dockerfiles with only PYTHON_IMAGE changed (where the PyTorch index is unreachable:
+#      Dockerfile.cpu-debian, torch from Debian forky, else TORCH_INDEX=PyPI); the small store image (trainer-image/Dockerfile.store) on a Debian forky base made
 #      the same way, skipped (stores then run the trainer image) when Debian's torch is not the trainer's;
 #   4. kind (go install sigs.k8s.io/kind), Kubernetes (kubelet, kubeadm, kubectl, control plane, kube-proxy,
 #      etcd) from the control plane's pinned Go module, CoreDNS, kube-network-policies, crictl and
@@ -132,12 +132,16 @@ ensure_base_images() {
     timed "docker import $BASE_IMAGE" docker import "$tar" "$BASE_IMAGE" >/dev/null
   fi
   ensure_privileged
-  # The Python base: its build context carries the host's extra CA certificates (a TLS-inspecting proxy).
+  python_base_image "$PYTHON_IMAGE" "$BASE_IMAGE"
+}
+# python_base_image TAG BASE: Debian's Python on BASE; the build context carries the host's extra CA
+# certificates (a TLS-inspecting proxy), so that pip in the images built on it trusts what the host trusts.
+python_base_image() {
   local ctx="$KCACHE/ctx/python"
   rm -rf "$ctx" && mkdir -p "$ctx/extra-ca"
   cp "$KIND_DIR/images/python/Dockerfile" "$ctx/"
   cp /usr/local/share/ca-certificates/*.crt "$ctx/extra-ca/" 2>/dev/null || true
-  build_image "$PYTHON_IMAGE" "$ctx" --build-arg "BASE_IMAGE=$BASE_IMAGE"
+  build_image "$1" "$ctx" --build-arg "BASE_IMAGE=$2"
 }
 
 # build_image TAG CONTEXT [docker build args...]: docker's layer cache makes a warm build a no-op.
@@ -161,17 +165,33 @@ TORCH_INDEX_ARGS=()
 torch_index() {
   if [ -n "${ETJ_TORCH_INDEX:-}" ]; then
     TORCH_INDEX_ARGS=(--build-arg "TORCH_INDEX=$ETJ_TORCH_INDEX")
-  elif ! getent hosts download.pytorch.org >/dev/null 2>&1; then
+  elif ! torch_index_reachable; then
     step "download.pytorch.org does not resolve here: the trainer images take torch from PyPI (CUDA build, runs on CPU)"
     TORCH_INDEX_ARGS=(--build-arg "TORCH_INDEX=https://pypi.org/simple")
   fi
 }
+torch_index_reachable() { getent hosts download.pytorch.org >/dev/null 2>&1; }
 ensure_etj_images() {
   build_image "$OPERATOR_IMAGE" "$ROOT" --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE"
+  ensure_cpu_trainer_image
+  ensure_store_image
+}
+# The CPU trainer image. With the CPU wheel index out of reach (ETJ_TORCH_INDEX unset), Debian's CPU torch
+# (trainer-image/Dockerfile.cpu-debian, ~2 GB) rather than PyPI's CUDA torch (Dockerfile.cpu, ~7 GB): the image
+# is unpacked in every worker node, and three copies of CUDA libraries no kind node can use once filled a CI
+# machine's disk. When Debian's torch is not the pin, Dockerfile.cpu from PyPI as before.
+ensure_cpu_trainer_image() {
+  if [ -z "${ETJ_TORCH_INDEX:-}" ] && ! torch_index_reachable; then
+    # A subshell: build_image dies on failure, which here must only fall back.
+    if (ensure_python_forky && build_image "$TRAINER_IMAGE" "$ROOT" -f "$ROOT/trainer-image/Dockerfile.cpu-debian" \
+          --build-arg "DEBIAN_IMAGE=$PYTHON_FORKY_IMAGE"); then
+      return 0
+    fi
+    step "the CPU trainer image on Debian's torch was NOT built (see above): torch from PyPI instead"
+  fi
   torch_index
   build_image "$TRAINER_IMAGE" "$ROOT" -f "$ROOT/trainer-image/Dockerfile.cpu" \
     --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" "${TORCH_INDEX_ARGS[@]}"
-  ensure_store_image
 }
 # The store image (trainer-image/Dockerfile.store): Debian testing's python3-torch on a forky base, made like
 # the bookworm one (offline: mmdebstrap + docker import). Never fatal: when Debian's torch is not the
@@ -192,6 +212,13 @@ ensure_store_base() {
     mv "$tar.tmp" "$tar"
   fi
   timed "docker import $STORE_BASE_IMAGE" docker import "$tar" "$STORE_BASE_IMAGE" >/dev/null
+}
+# Python on the forky base, with the host's extra CA certificates like the bookworm Python base: pip runs in
+# Dockerfile.cpu-debian's build.
+PYTHON_FORKY_IMAGE=etj.local/python:3-$STORE_SUITE
+ensure_python_forky() {
+  ensure_store_base || return 1
+  python_base_image "$PYTHON_FORKY_IMAGE" "$STORE_BASE_IMAGE"
 }
 ensure_store_image() {
   local base=()

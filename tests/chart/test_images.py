@@ -23,8 +23,9 @@ from tests.chart.helmbed import REPO, one, render
 OPERATOR = REPO / "Dockerfile"
 TRAINER = REPO / "trainer-image" / "Dockerfile"
 TRAINER_CPU = REPO / "trainer-image" / "Dockerfile.cpu"
+TRAINER_CPU_DEBIAN = REPO / "trainer-image" / "Dockerfile.cpu-debian"
 STORE = REPO / "trainer-image" / "Dockerfile.store"
-DOCKERFILES = [OPERATOR, TRAINER, TRAINER_CPU, STORE]
+DOCKERFILES = [OPERATOR, TRAINER, TRAINER_CPU, TRAINER_CPU_DEBIAN, STORE]
 
 
 @dataclass
@@ -144,6 +145,24 @@ def test_store_image_torch_is_the_trainers_pin_and_the_build_checks_it() -> None
     assert "torch.__version__.split('+')[0] == '${TORCH_VERSION}'" in run  # and what Python imports
 
 
+def test_debian_cpu_trainer_checks_torch_and_takes_the_rest_of_its_pins_from_pyproject() -> None:
+    """Dockerfile.cpu-debian: Debian's torch must be the pin (checked before the install and on import), DALI
+    is the pin, and every other requirement is read from pyproject.toml, not written down again; only
+    torchvision is Debian's (PyPI's wheel cannot load its ops on Debian's torch)."""
+    pins = trainer_pins()
+    args = args_of(TRAINER_CPU_DEBIAN)
+    assert args["TORCH_VERSION"] == pins["torch"]
+    assert args["DALI_PACKAGE"] in pins and args["DALI_VERSION"] == pins[args["DALI_PACKAGE"]]
+    run = " ".join(i.value for i in parse(TRAINER_CPU_DEBIAN) if i.keyword == "RUN")
+    assert "apt-cache policy python3-torch" in run and '"${TORCH_VERSION}+"*' in run and "exit 1" in run
+    assert '"python3-torch=${candidate}"' in run and "python3-torchvision" in run
+    assert "torch.__version__.split('+')[0] == '${TORCH_VERSION}'" in run
+    assert '"${DALI_PACKAGE}==${DALI_VERSION}"' in run
+    assert "tomllib.load(open('pyproject.toml'" in run and "['optional-dependencies']['trainer']" in run
+    assert "pip install --no-deps /src" in run
+    assert not re.search(r"[\w\]]==\d", run), "a version written down instead of read from pyproject.toml"
+
+
 def test_pin_check_catches_a_drift(tmp_path: Path) -> None:
     drifted = tmp_path / "Dockerfile"
     drifted.write_text(TRAINER.read_text().replace("ARG TORCH_VERSION=", "ARG TORCH_VERSION=0.0.1-was-"))
@@ -176,7 +195,7 @@ def test_base_images_are_pinned_releases_and_python_meets_requires_python() -> N
             python = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-\w+", base)
             if python:
                 assert (int(python.group(1)), int(python.group(2))) >= minimum, base
-            elif dockerfile == STORE:
+            elif dockerfile in (STORE, TRAINER_CPU_DEBIAN):
                 # Debian testing: the suite whose python3-torch is the trainer's torch (and Python >= 3.14).
                 assert re.fullmatch(r"debian:forky(-\d{8})?-slim", base), base
             else:
@@ -199,7 +218,7 @@ def _user(path: Path) -> tuple[int, int]:
 def test_images_run_as_the_non_root_users_the_pods_declare() -> None:
     pod = one(render(), "Deployment")["spec"]["template"]["spec"]
     assert _user(OPERATOR) == (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"])
-    for trainer in (TRAINER, TRAINER_CPU, STORE):
+    for trainer in (TRAINER, TRAINER_CPU, TRAINER_CPU_DEBIAN, STORE):
         assert _user(trainer) == (NONROOT_UID, NONROOT_UID)
 
 
@@ -263,7 +282,7 @@ def _copied(dockerfile: Path) -> set[str]:
 def test_each_image_copies_its_own_side_and_the_contract_never_the_test_bed() -> None:
     project = ["pyproject.toml", "README.md"]
     assert _copied(OPERATOR) == {*project, "operator/src", "contract/src"}
-    for trainer in (TRAINER, TRAINER_CPU):
+    for trainer in (TRAINER, TRAINER_CPU, TRAINER_CPU_DEBIAN):
         assert _copied(trainer) == {*project, "trainer-image/src", "contract/src"}, trainer.name
     assert _copied(STORE) == {"trainer-image/src", "contract/src"}  # no pyproject: nothing is pip-installed
 

@@ -48,6 +48,33 @@ def test_the_cpu_trainer_image_runs_as_its_user_on_a_read_only_root(kind: KindBe
     assert help_.returncode == 0 and "worker" in help_.stdout, help_.stderr
 
 
+NO_CUDA = (
+    "import importlib.util, os, torch; "
+    "lib = os.path.join(os.path.dirname(torch.__file__), 'lib'); "
+    "cuda = [n for n in os.listdir(lib) if 'cuda' in n] if os.path.isdir(lib) else []; "
+    "print(torch.version.cuda, importlib.util.find_spec('triton') is not None, len(cuda))"
+)
+CPU_IMAGE_MAX_GB = 3
+
+
+def test_the_cpu_trainer_image_carries_no_cuda_when_built_from_debian(kind: KindBed) -> None:
+    """Found by CI: a worker node ran out of disk while unpacking the 7 GB CPU image built from PyPI's CUDA
+    torch (three workers, three copies). Offline, scripts/kind.sh builds Dockerfile.cpu-debian instead: no
+    CUDA build of torch, no CUDA libraries, no triton, a fraction of the size."""
+    inspect = subprocess.run(
+        ["docker", "image", "inspect", "-f",
+         '{{.Size}} {{index .Config.Labels "org.opencontainers.image.description"}}', kind.trainer_image],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    size, description = inspect.stdout.strip().split(" ", 1)
+    if "torch from Debian" not in description:
+        pytest.skip(f"{kind.trainer_image} is built from PyPI ({description}): Debian's torch is not the pin")
+    out = docker_run(kind.trainer_image, "python", "-c", NO_CUDA, user="1000:1000")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["None", "False", "0"], out.stdout
+    assert int(size) < CPU_IMAGE_MAX_GB * 1e9, f"{int(size) / 1e9:.1f} GB"
+
+
 def test_the_operator_image_runs_as_its_user_on_a_read_only_root(kind: KindBed) -> None:
     probe = "import getpass, os, kopf, etj_operator; print(getpass.getuser(), os.environ['HOME'])"
     out = docker_run(OPERATOR_IMAGE, "python", "-c", probe, user="65532:65532")

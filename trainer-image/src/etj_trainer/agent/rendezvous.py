@@ -14,6 +14,8 @@ from etj_trainer.agent.agent_config import AgentConfig
 
 log = logging.getLogger(__name__)
 
+RDZV_READ_TIMEOUT_S = 60  # torch's c10d rendezvous backend's default read_timeout
+
 
 def patch_rendezvous_poll(interval: float) -> bool:
     """Make torch's rendezvous poll its state every ``interval`` s instead of its hard-coded 1 s.
@@ -45,18 +47,19 @@ def make_rendezvous_handler(cfg: AgentConfig) -> tuple[Any, Any]:
 
     Returns the handler and its store client (the start-up wait counts agents on it).
     """
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
         DynamicRendezvousHandler,
         RendezvousTimeout,
     )
 
     from etj_trainer.agent.sealed_rendezvous import SealedC10dBackend
+    from etj_trainer.core import store_client
 
     if not cfg.token:
         log.warning("no %s: the rendezvous state is not authenticated", etj_env.PROGRESS_TOKEN.name)
-    # torch's store client (its timeouts, is_host=false); torch's backend object is not used
-    _, store = create_backend(cfg.rendezvous_parameters())
+    # The client torch's c10d backend would make (create_backend: multi-tenant, its 60 s read timeout), made
+    # here so that it works on a torch without libuv too (core/store_client.py)
+    store = store_client.connect(cfg.endpoint, timedelta(seconds=RDZV_READ_TIMEOUT_S), multi_tenant=True)
     handler = DynamicRendezvousHandler.from_backend(
         cfg.run_id,
         store,

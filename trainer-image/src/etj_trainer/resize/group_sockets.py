@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from etj_trainer.core import devices, stopping
+from etj_trainer.core import devices, stopping, store_client
 
 _FD_DIR = "/proc/self/fd"
 _owned: frozenset[tuple[int, str]] = frozenset()
@@ -57,8 +57,23 @@ def init(backend: str | None = None, **kwargs: Any) -> None:
 
 def init_first() -> None:
     """A worker's first group, from torch elastic's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT), with
-    the bounded collective timeout (core/stopping.py)."""
-    init(timeout=stopping.collective_timeout())
+    the bounded collective timeout (core/stopping.py).
+
+    Where the agent shares its rendezvous store (TORCHELASTIC_USE_AGENT_STORE, etj's agents), the client is
+    made here as torch's env:// makes it (a client of MASTER_ADDR:MASTER_PORT, keys under "default_pg"),
+    but without libuv: env:// makes it with TCPStore's default, which a torch built without libuv refuses
+    (core/store_client.py)."""
+    timeout = stopping.collective_timeout()
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        init(init_method=store_client.ENV_INIT_METHOD, timeout=timeout)
+        return
+    store = store_client.client(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout)
+    init(
+        store=dist.PrefixStore("default_pg", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timeout,
+    )
 
 
 def shut() -> int:

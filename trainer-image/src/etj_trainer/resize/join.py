@@ -35,7 +35,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer.core import stopping
+from etj_trainer.core import stopping, store_client
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +87,7 @@ class Ticket:
 
 
 def _client() -> dist.TCPStore:
-    host, _, port = os.environ[etj_env.RDZV_ENDPOINT.name].rpartition(":")
-    return dist.TCPStore(host, int(port), is_master=False, timeout=stopping.collective_timeout())
+    return store_client.connect(os.environ[etj_env.RDZV_ENDPOINT.name], stopping.collective_timeout())
 
 
 def _prefix() -> str:
@@ -103,8 +102,7 @@ def joining() -> bool:
 def door_open(endpoint: str, run_id: str) -> bool:
     """Has a world of this job opened its door to joiners (its rank 0 runs with in-place resizes)? The
     agent's test for "join in place" rather than through the rendezvous: false before the first world."""
-    host, _, port = endpoint.rpartition(":")
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60))
+    store = store_client.connect(endpoint, timedelta(seconds=60))
     return bool(store.check([f"etj-join/{run_id}/open"]))
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
+from etj_trainer.core import store_client
 from etj_trainer.core.stopping import StopCode, collective_timeout
 from etj_trainer.resize import group_sockets
 
@@ -92,11 +93,10 @@ def reform(key: str, new_rank: int, new_world: int) -> None:
 
     ``key`` must be the same on every survivor and never reused by this job (old-incarnation id + step).
     """
-    host, _, port = os.environ[etj_env.RDZV_ENDPOINT.name].rpartition(":")
     timeout = collective_timeout()
     if dist.is_initialized():  # (a joiner's first group, or a crash survivor's: recover.py closed it)
         dist.destroy_process_group()
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    store = store_client.connect(os.environ[etj_env.RDZV_ENDPOINT.name], timeout)
     group_sockets.init(
         store=dist.PrefixStore(f"etj-regroup/{key}", store),
         rank=new_rank,
