@@ -8,8 +8,8 @@
 #      and a Python base on it;
 #   3. the operator image (Dockerfile) and the CPU trainer image (trainer-image/Dockerfile.cpu), built from
 #      the repository's Dockerfiles with only PYTHON_IMAGE changed (where the PyTorch index is unreachable:
-#      Dockerfile.cpu-debian, torch from Debian forky, else TORCH_INDEX=PyPI); the small store image (trainer-image/Dockerfile.store) on a Debian forky base made
-#      the same way, skipped (stores then run the trainer image) when Debian's torch is not the trainer's;
+#      Dockerfile.cpu-debian, torch from Debian forky, else TORCH_INDEX=PyPI); the small store image
+#      (trainer-image/Dockerfile.store) on a Debian forky base made the same way, skipped (stores then run the trainer image) when Debian's torch is not the trainer's;
 #   4. kind (go install sigs.k8s.io/kind), Kubernetes (kubelet, kubeadm, kubectl, control plane, kube-proxy,
 #      etcd) from the control plane's pinned Go module, CoreDNS, kube-network-policies, crictl and
 #      local-path-provisioner from theirs, their images, and a kind node image assembled from them;

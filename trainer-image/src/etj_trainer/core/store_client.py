@@ -10,9 +10,14 @@ clients always ask for the non-libuv client, which every torch has.
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import torch.distributed as dist
+
+from etj_contract import env as etj_env
+from etj_contract.ports import RDZV_PORT
+from etj_trainer.core import stopping
 
 # For ``init_process_group``'s env:// rendezvous where rank 0 hosts the group's store (no agent store):
 # torch/distributed/rendezvous.py reads this query parameter, else $USE_LIBUV, default on.
@@ -27,8 +32,14 @@ def client(host: str, port: int, timeout: timedelta, *, multi_tenant: bool = Fal
 
 
 def connect(endpoint: str, timeout: timedelta, *, multi_tenant: bool = False) -> dist.TCPStore:
-    """A client of the TCPStore at ``host[:port]`` (torch's parsing: IPv6 in brackets, 29400 if no port)."""
+    """A client of the TCPStore at ``host[:port]`` (torch's parsing: IPv6 in brackets, RDZV_PORT if none)."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-    host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
+    host, port = parse_rendezvous_endpoint(endpoint, default_port=RDZV_PORT)
     return client(host, port, timeout, multi_tenant=multi_tenant)
+
+
+def job_store() -> dist.TCPStore:
+    """A worker's client of its job's store ($ETJ_RDZV_ENDPOINT), with the bounded collective timeout (the
+    join, recovery and regroup protocols)."""
+    return connect(os.environ[etj_env.RDZV_ENDPOINT.name], stopping.collective_timeout())

@@ -87,7 +87,7 @@ class Ticket:
 
 
 def _client() -> dist.TCPStore:
-    return store_client.connect(os.environ[etj_env.RDZV_ENDPOINT.name], stopping.collective_timeout())
+    return store_client.job_store()
 
 
 def _prefix() -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from etj_contract import env as etj_env
-from etj_trainer.core import stopping, store_client
+from etj_trainer.core import store_client
 from etj_trainer.resize import group_sockets, regroup
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def may_recover_again(last_failed_step: int | None, step: int) -> bool:
 
 
 def _client() -> dist.TCPStore:
-    return store_client.connect(os.environ[etj_env.RDZV_ENDPOINT.name], stopping.collective_timeout())
+    return store_client.job_store()
 
 
 def _hb_key(membership: str, rank: int) -> str:

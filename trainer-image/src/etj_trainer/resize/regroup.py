@@ -96,7 +96,7 @@ def reform(key: str, new_rank: int, new_world: int) -> None:
     timeout = collective_timeout()
     if dist.is_initialized():  # (a joiner's first group, or a crash survivor's: recover.py closed it)
         dist.destroy_process_group()
-    store = store_client.connect(os.environ[etj_env.RDZV_ENDPOINT.name], timeout)
+    store = store_client.job_store()
     group_sockets.init(
         store=dist.PrefixStore(f"etj-regroup/{key}", store),
         rank=new_rank,
