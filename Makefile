@@ -1,5 +1,5 @@
 # The two commands of the README quick start. Both set everything up first (idempotent, cached).
-.PHONY: setup demo test lint crds kind kind-install demo-kind e2e-kind kind-down
+.PHONY: setup demo test lint crds kind kind-install demo-kind e2e-kind kind-down release
 
 setup:
 	./scripts/setup.sh
@@ -38,6 +38,12 @@ demo-kind: setup kind-install
 # only, and only where Docker is installed.
 e2e-kind: setup kind-install
 	./scripts/kind.sh e2e
+
+# A release: the four images tagged VERSION and the chart naming them by digest, pushed to REGISTRY as an
+# OCI artifact. `make release VERSION=x.y.z REGISTRY=host[:port]/namespace` (scripts/release.sh; the tag
+# workflow .github/workflows/release.yaml does the same with provenance, SBOM and keyless signatures).
+release: setup
+	PATH="$(CURDIR)/.venv/bin:$$PATH" ./scripts/release.sh all
 
 kind-down:
 	./scripts/kind.sh down

@@ -51,6 +51,9 @@ Everything below was fixed before any arm was run on an evaluation seed; all of 
     .venv/bin/python bench/dynamic_sgd_cnn.py --quick    # the same code on tiny schedules (seconds)
 
 Prints JSON. Deterministic: single process, one CPU thread, in-memory data. Results: docs/dynamic-sgd.md.
+
+Long because: the protocol above, fixed before any evaluation run, stays beside the code it fixes (the
+shared statistics are dynamic_sgd_stats.py's already).
 """
 
 from __future__ import annotations
@@ -227,7 +230,11 @@ def run(
     data: Data,
     keep_traces: bool = False,
 ) -> RunResult:
-    """One arm. ``ramp_steps=None``: LR never rescaled; ``0``: immediate jump; ``T > 0``: Dynamic SGD."""
+    """One arm. ``ramp_steps=None``: LR never rescaled; ``0``: immediate jump; ``T > 0``: Dynamic SGD.
+
+    Long because: the arm's training loop, whole: what each step applies (rescale, decay, samples, the LR
+    logged) reads in step order, and the result is read from the same loop's traces.
+    """
     torch.manual_seed(seed)  # the only source of randomness in the initial weights
     model = bn_cnn()
     init_sha = sha(*(p.detach().numpy() for p in model.parameters()))
@@ -435,6 +442,13 @@ def run_experiment(cfg: Config) -> dict[str, Any]:
                 file=sys.stderr,
                 flush=True,
             )
+    conclude(out)
+    out["wall_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def conclude(out: dict[str, Any]) -> None:
+    """The verdicts per metric and the conclusion over the distinct comparisons, from the experiments."""
     exps = out["experiments"]
     for m in METRICS:
         out[f"verdict_{m}"] = {
@@ -455,8 +469,6 @@ def run_experiment(cfg: Config) -> dict[str, Any]:
         f"{m}: dynamic better in {c['dynamic_better']}/{n}, jump better in {c['jump_better']}/{n}"
         for m, c in counts.items()
     )
-    out["wall_s"] = round(time.monotonic() - started, 1)
-    return out
 
 
 def main() -> None:

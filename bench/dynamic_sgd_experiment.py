@@ -317,6 +317,13 @@ def run_experiment(cfg: Config) -> dict[str, Any]:
                 base_lr, table = select_base_lr(cfg, train, None if rule == "stable_at_B" else k)
                 out["config"]["lr_grid_passes_rule"][f"{rule}/k{k}"] = table
             out["experiments"][f"{rule}/k{k}"] = _one(cfg, k, base_lr, train, val)
+    conclude(out)
+    out["wall_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def conclude(out: dict[str, Any]) -> None:
+    """The verdicts of every (rule, k, T), and the conclusion in words, from the experiments in ``out``."""
     exps = out["experiments"]
     out["verdict"] = {f"{key}/{name}": v for key, e in exps.items() for name, v in e["verdict"].items()}
     out["verdict_peak_loss_after_change"] = {
@@ -338,8 +345,6 @@ def run_experiment(cfg: Config) -> dict[str, Any]:
         f"higher in {peak.count('jump_better')}/{n}; "
         f"no_scaling has the lowest mean final training loss in {len(best)}/{len(exps)} (rule, k) settings"
     )
-    out["wall_s"] = round(time.monotonic() - started, 1)
-    return out
 
 
 def main() -> None:

@@ -154,7 +154,7 @@ def redo_check(device: torch.device, steps: int = 6, fail_at: int = 3) -> dict[s
     lost-step path) and redone. The control arm undoes everything but the CUDA generators: on a GPU its
     dropout masks differ, which is what a redo without them trained on.
     """
-    from etj_trainer.loop.step import _Undo
+    from etj_trainer.core.rng import StepUndo
 
     def run(fail: bool, keep_cuda_rng: bool = True) -> list[torch.Tensor]:
         torch.manual_seed(0)  # every device's generator too
@@ -173,7 +173,7 @@ def redo_check(device: torch.device, steps: int = 6, fail_at: int = 3) -> dict[s
                 torch.randint(0, 10, (64,), generator=g).to(device),
             )
             if fail and i == fail_at:
-                undo = _Undo.capture(model)
+                undo = StepUndo.capture(model)
                 opt.zero_grad()
                 F.cross_entropy(model(x), y).backward()  # the attempt whose commit never came
                 if not keep_cuda_rng:
@@ -192,7 +192,7 @@ def redo_check(device: torch.device, steps: int = 6, fail_at: int = 3) -> dict[s
     return {"max_abs_diff": redone, "equal": redone == 0.0, "control_without_cuda_rng_max_abs_diff": control}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, toy sizes: checks the code paths only")
     ap.add_argument("--images", type=int, default=4096)
@@ -203,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=8, help="DALI CPU threads")
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/etj-gpu-check"))
     ap.add_argument("--out", type=Path, default=None)
-    ns = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
     cuda = torch.cuda.is_available() and not ns.smoke
     if not cuda and not ns.smoke:
         print("gpu_check: no CUDA device (use --smoke to check the code paths on CPU)", file=sys.stderr)
@@ -248,6 +252,19 @@ def main(argv: list[str] | None = None) -> int:
         decode["mixed_over_cpu"] = round(decode["mixed_img_s"] / decode["cpu_img_s"], 2)
     result["decode"] = decode
 
+    result["train"] = train_section(tar, image_size, ns, cuda, device)
+    result["redo"] = redo_check(device)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if ns.out:
+        ns.out.write_text(text + "\n")
+    return 0
+
+
+def train_section(
+    tar: Path, image_size: int, ns: argparse.Namespace, cuda: bool, device: torch.device
+) -> dict[str, Any]:
+    """Training throughput on synthetic batches and on DALI's, and whether DALI keeps up."""
     model_name = "resnet50" if cuda else "resnet18"
     warmup = 10 if cuda else 1
     synthetic = train_rate(model_name, device, ns.batch, ns.train_steps, warmup, None, bf16=cuda)
@@ -256,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     dali = train_rate(model_name, device, ns.batch, ns.train_steps, warmup, fed, bf16=cuda)
     fed.close()
     src.close()
-    result["train"] = {
+    return {
         "model": model_name,
         "precision": "bf16" if cuda else "fp32",
         "channels_last": cuda,
@@ -266,12 +283,6 @@ def main(argv: list[str] | None = None) -> int:
         "goal": ">= 0.95 and >= 3000 img/s on one H100",
         "met": bool(cuda and dali / synthetic >= 0.95 and dali >= 3000),
     }
-    result["redo"] = redo_check(device)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if ns.out:
-        ns.out.write_text(text + "\n")
-    return 0
 
 
 if __name__ == "__main__":

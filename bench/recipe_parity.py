@@ -154,6 +154,34 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--table"]:
         print(table([json.loads(Path(f).read_text()) for f in argv[1:]]))
         return 0
+    args = parse_args(argv)
+    if not fashion_mnist.available():
+        print(f"recipe_parity: Fashion-MNIST missing: {fashion_mnist.INSTALL}", file=sys.stderr)
+        return 2
+    seeds = [int(s) for s in args.seeds.split(",")]
+    spot = spot_schedule(args.epochs, args.batch)
+    plan = make_plan(args, seeds, spot)
+    result: dict[str, Any] = {
+        "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "workers": WORKERS, "spot": spot},
+        "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
+        "runs": [],
+    }
+    for arm, env, schedule in plan:
+        r = run(arm, env, schedule, args.timeout)
+        result["runs"].append(r)
+        result["summary"] = summarise(result["runs"])
+        print(json.dumps(r), file=sys.stderr, flush=True)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2) + "\n")
+    result["machine"]["loadavg_end"] = os.getloadavg()
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=18)
     ap.add_argument("--width", type=int, default=16, choices=(8, 16), help="resnet_tiny width")
@@ -166,12 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default="fixed,elastic,baseline,dynamic_sgd")
     ap.add_argument("--timeout", type=float, default=3600, help="per run, seconds")
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
-    if not fashion_mnist.available():
-        print(f"recipe_parity: Fashion-MNIST missing: {fashion_mnist.INSTALL}", file=sys.stderr)
-        return 2
-    seeds = [int(s) for s in args.seeds.split(",")]
-    spot = spot_schedule(args.epochs, args.batch)
+    return ap.parse_args(argv)
+
+
+def make_plan(args: argparse.Namespace, seeds: list[int], spot: str) -> list[tuple[str, dict[str, str], str]]:
+    """The runs, in order: (arm, the trainer's env, the spot schedule or "")."""
     plan: list[tuple[str, dict[str, str], str]] = []
     arms = args.arms.split(",")
     for seed in seeds:  # interleaved, so a cut-off run still has both arms for the first seeds
@@ -196,24 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             "ETJ_DSGD_RAMP_STEPS": "50",
         }
         plan.append(("dynamic_sgd", env, spot))
-    result: dict[str, Any] = {
-        "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "workers": WORKERS, "spot": spot},
-        "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
-        "runs": [],
-    }
-    for arm, env, schedule in plan:
-        r = run(arm, env, schedule, args.timeout)
-        result["runs"].append(r)
-        result["summary"] = summarise(result["runs"])
-        print(json.dumps(r), file=sys.stderr, flush=True)
-        if args.out is not None:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=2) + "\n")
-    result["machine"]["loadavg_end"] = os.getloadavg()
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return 0
+    return plan
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from etj_trainer.agent.local_launcher import LocalAgents
@@ -105,6 +106,24 @@ def _joined_at(log: Path) -> float | None:
     return None
 
 
+def resize_events(cluster: LocalAgents) -> list[tuple[str, int, Callable[[], object]]]:
+    """The three resizes, in order: (name, the world size after, what causes it)."""
+    gone: list[subprocess.Popen[bytes]] = []  # signalled already (a leaver may take a while to exit)
+
+    def victim() -> subprocess.Popen[bytes]:
+        gone.append([a for a in cluster.alive() if a not in gone][-1])
+        return gone[-1]
+
+    return [
+        # 3 -> 2: a graceful spot notice (SIGTERM to one agent)
+        ("loss_3to2", 2, lambda: victim().send_signal(signal.SIGTERM)),
+        # 2 -> 1: a lost node (the local launcher's !1: the node's whole process group at once)
+        ("kill_2to1", 1, lambda: os.killpg(victim().pid, signal.SIGKILL)),
+        # 1 -> 2: a new agent process starts
+        ("gain_1to2", 2, cluster.start_agent),
+    ]
+
+
 def measure(arm: str, log_root: Path, event_timeout: float) -> dict[str, float | str]:
     run_id = f"bench-{arm}-{os.getpid()}-{time.time_ns()}"
     log_dir = log_root / arm / run_id
@@ -126,20 +145,7 @@ def measure(arm: str, log_root: Path, event_timeout: float) -> dict[str, float |
         for _ in range(3):
             cluster.start_agent()
         wait_progress(url, lambda d: d.get("worldSize") == 3 and d.get("step", 0) >= 20, 300)
-        gone: list[subprocess.Popen[bytes]] = []  # signalled already (a leaver may take a while to exit)
-
-        def victim() -> subprocess.Popen[bytes]:
-            gone.append([a for a in cluster.alive() if a not in gone][-1])
-            return gone[-1]
-
-        events = [
-            # 3 -> 2: a graceful spot notice (SIGTERM to one agent)
-            ("loss_3to2", 2, lambda: victim().send_signal(signal.SIGTERM)),
-            # 2 -> 1: a lost node (the local launcher's !1: the node's whole process group at once)
-            ("kill_2to1", 1, lambda: os.killpg(victim().pid, signal.SIGKILL)),
-            # 1 -> 2: a new agent process starts
-            ("gain_1to2", 2, cluster.start_agent),
-        ]
+        events = resize_events(cluster)
         for name, size, act in events:
             doc = wait_progress(url, lambda d: bool(d.get("step")), 60)
             step = doc["step"]

@@ -186,7 +186,7 @@ def tax_breakdown(ddp_s_per_step: float) -> dict[str, Any]:
     import torchvision
 
     from etj_trainer.batching.sampler import ElasticSampler
-    from etj_trainer.loop.step import _Undo
+    from etj_trainer.core.rng import StepUndo
 
     torch.set_num_threads(1)
     model = torchvision.models.resnet18(weights=None, num_classes=10)
@@ -201,7 +201,7 @@ def tax_breakdown(ddp_s_per_step: float) -> dict[str, Any]:
 
     parts = {
         "zero_grad_memset": _median_s(lambda: opt.zero_grad(set_to_none=False), 50),
-        "undo_capture": _median_s(lambda: _Undo.capture(model), 200),
+        "undo_capture": _median_s(lambda: StepUndo.capture(model), 200),
         "sampler": _median_s(indices, 200),
         "commit_allreduce": statistics.median(_gaps(run_marks("commit", 400), 50)),
     }

@@ -11,6 +11,11 @@ in its own ``etj-train store``-like process, from clients in this process, all i
 - ``barrier``: ``--clients`` clients (threads, one connection each) meet like a rendezvous round: each adds
   itself to a counter and waits for a key the last one sets; seconds from the first add to all released.
 
+``poll-relay-unframed`` is the relay as it was before issue 37 (bytes passed on as they come, no query
+framing, so no partial-query deadline): ``framing_cost`` compares it with ``poll-relay`` (whole queries
+only, the deadline's bookkeeping, the per-address cap), the same run, per operation: after - before in
+microseconds and after / before.
+
 The servers are measured in turns, round after round (``--rounds``), so load from elsewhere on the machine
 falls on each alike. Latencies in microseconds: median, p90, p99 over every sample.
 
@@ -39,8 +44,11 @@ from typing import Any
 import torch
 from torch.distributed import TCPStore
 
-SERVERS = ("poll-direct", "poll-relay", "libuv-direct")
+JSON = dict[str, Any]
+
+SERVERS = ("poll-direct", "poll-relay-unframed", "poll-relay", "libuv-direct")
 TIMEOUT = timedelta(seconds=30)
+HANDSHAKE = b"\x00" + (0x3C85F7CE).to_bytes(4, sys.byteorder)  # VALIDATE and torch's magic number
 
 
 def serve(kind: str) -> None:
@@ -50,8 +58,11 @@ def serve(kind: str) -> None:
     listener = socket.create_server(("127.0.0.1", 0), backlog=1024)
     port = listener.getsockname()[1]
     fd = listener.detach()
-    if kind == "poll-relay":
-        running: Any = open_store("127.0.0.1", port, fd, libuv=False)
+    if kind == "poll-relay-unframed":
+        _unframed()
+    if kind.startswith("poll-relay"):
+        # Every client here comes from 127.0.0.1: no per-address cap (it costs nothing per round trip).
+        running: Any = open_store("127.0.0.1", port, fd, libuv=False, per_source=1 << 30)
     else:
         libuv = kind == "libuv-direct"
         running = TCPStore(
@@ -60,6 +71,19 @@ def serve(kind: str) -> None:
     print(port, flush=True)
     sys.stdin.read()
     del running
+
+
+def _unframed() -> None:
+    """The relay before issue 37: what a client sends passes on as it comes, never held for framing."""
+    from etj_trainer.service import store_relay
+
+    init = store_relay._Pair.__init__
+
+    def unframed(pair: store_relay._Pair, relay: store_relay.StoreRelay, source: str) -> None:
+        init(pair, relay, source)
+        pair.client.framer = None
+
+    store_relay._Pair.__init__ = unframed  # type: ignore[method-assign]
 
 
 CLIENT_LIBUV = [True]  # the clients' transport: libuv's (the trainer's torch) unless --classic-client
@@ -141,6 +165,8 @@ def idle_connections(pid: int, port: int, n: int) -> dict[str, float]:
     """What ``n`` idle connections cost the server process: descriptors and resident memory, each."""
     fds0, rss0 = _proc_status(pid)
     socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
+    for s in socks:  # torch's handshake, as its client sends on connecting: else closed after its deadline
+        s.sendall(HANDSHAKE)
     try:
         # Accepted (and relayed on) asynchronously: wait until the count settles.
         last, deadline = -1, time.monotonic() + 60
@@ -166,6 +192,44 @@ def _summary_us(samples: list[float]) -> dict[str, float]:
     }
 
 
+def framer_feed_us(n: int) -> dict[str, float]:
+    """The framing alone, per query, in the relay's own code (no sockets): median of ``n`` feeds of a
+    whole query of each kind, as torch's client sends it (one chunk)."""
+    import struct
+
+    from etj_trainer.service.store_framing import Framer
+
+    def s(b: bytes) -> bytes:
+        return struct.pack("=Q", len(b)) + b
+
+    queries = {
+        "set": b"\x01" + s(b"k") + s(b"v" * 64),
+        "get": b"\x06" + struct.pack("=Q", 1) + s(b"k"),  # a get is a wait, then a get: the wait's
+        "add": b"\x04" + s(b"n") + struct.pack("=q", 1),
+        "compare_set": b"\x02" + s(b"k") + s(b"v" * 64) + s(b"v" * 64),
+    }
+    framer = Framer(1 << 24, 0.0)
+    framer.feed(HANDSHAKE, 0.0)
+    out = {}
+    for op, q in queries.items():
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter_ns()
+            framer.feed(q, 0.0)
+            samples.append((time.perf_counter_ns() - t) / 1000)
+        out[op] = round(statistics.median(samples), 2)
+    return out
+
+
+def _before_after(before: float, after: float) -> dict[str, float]:
+    return {
+        "before_us": before,
+        "after_us": after,
+        "after_minus_before_us": round(after - before, 1),
+        "after_over_before": round(after / before, 3),
+    }
+
+
 def _start(kind: str) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -174,7 +238,7 @@ def _start(kind: str) -> tuple[subprocess.Popen[str], int]:
     return proc, int(proc.stdout.readline())
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=5)
@@ -188,15 +252,24 @@ def main(argv: list[str] | None = None) -> int:
         help="which, comma-separated (a torch without libuv, as in the store image: poll-direct,poll-relay)",
     )
     ap.add_argument("--classic-client", action="store_true", help="clients without libuv (torch lacks it)")
-    ns = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parse_args(argv)
     CLIENT_LIBUV[0] = not ns.classic_client
     if ns.serve:
         serve(ns.serve)
         return 0
+    load_before = os.getloadavg()[0]
+    report(ns, measure(ns), load_before)
+    return 0
 
+
+def measure(ns: argparse.Namespace) -> JSON:
+    """Every round on every server: operations, fresh connections, barriers; idle connections once."""
     kinds = [k for k in SERVERS if k in ns.servers.split(",")]
     assert {"poll-direct", "poll-relay"} <= set(kinds), "the relay and its baseline are always measured"
-    load_before = os.getloadavg()[0]
     servers = {kind: _start(kind) for kind in kinds}
     ops: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
     connects: dict[str, list[float]] = {k: [] for k in kinds}
@@ -218,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.stdin.close()
             proc.wait(timeout=30)
 
-    results = {
+    return {
         kind: {
             "ops_us": {op: _summary_us(s) for op, s in ops[kind].items()},
             "connect_and_get_us": _summary_us(connects[kind]),
@@ -231,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         for kind in kinds
     }
+
+
+def report(ns: argparse.Namespace, results: JSON, load_before: float) -> None:
+    """The relay's overhead over the direct server (and framing's cost), with the machine, as JSON."""
     base = results["poll-direct"]
     relay = results["poll-relay"]
     overhead = {
@@ -240,6 +317,14 @@ def main(argv: list[str] | None = None) -> int:
         relay["connect_and_get_us"]["median"] - base["connect_and_get_us"]["median"], 1
     )
     overhead["barrier"] = round(1e6 * (relay["barrier_s"]["median"] - base["barrier_s"]["median"]), 1)
+    framing: dict[str, dict[str, float]] = {}
+    if "poll-relay-unframed" in results:
+        before = results["poll-relay-unframed"]
+        for op in base["ops_us"]:
+            framing[op] = _before_after(before["ops_us"][op]["median"], relay["ops_us"][op]["median"])
+        framing["connect_and_get"] = _before_after(
+            before["connect_and_get_us"]["median"], relay["connect_and_get_us"]["median"]
+        )
     machine = {
         "cpus": os.cpu_count(),
         "load_avg_1m": [load_before, os.getloadavg()[0]],  # before and after
@@ -253,13 +338,14 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine,
             "params": vars(ns) | {"serve": None},
             "relay_overhead_median_us": overhead,
+            "framing_cost": framing,
+            "framer_feed_us": framer_feed_us(ns.ops * ns.rounds),
             "results": results,
         },
         sys.stdout,
         indent=2,
     )
     print()
-    return 0
 
 
 if __name__ == "__main__":

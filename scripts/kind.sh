@@ -113,7 +113,7 @@ ensure_privileged() {  # needs the base image; called after it exists
 }
 
 # ---------------------------------------------------------------------------------------------------- 2
-BASE_IMAGE=etj.local/debian:$DEBIAN_SUITE-minbase
+BASE_IMAGE=${ETJ_BASE_IMAGE:-etj.local/debian:$DEBIAN_SUITE-minbase}
 PYTHON_IMAGE=${ETJ_PYTHON_IMAGE:-etj.local/python:3.11-$DEBIAN_SUITE}
 ensure_base_images() {
   if [ -n "${ETJ_PYTHON_IMAGE:-}" ]; then
@@ -122,17 +122,27 @@ ensure_base_images() {
     ensure_privileged
     return 0
   fi
-  if ! have_image "$BASE_IMAGE"; then
-    local tar="$KCACHE/debian-$DEBIAN_SUITE-minbase.tar"
-    if [ ! -s "$tar" ]; then
-      step "mmdebstrap --variant=minbase $DEBIAN_SUITE (Debian packages only; no container registry)"
-      timed "mmdebstrap" nice -n 10 mmdebstrap --quiet --variant=minbase "$DEBIAN_SUITE" "$tar.tmp"
-      mv "$tar.tmp" "$tar"
-    fi
-    timed "docker import $BASE_IMAGE" docker import "$tar" "$BASE_IMAGE" >/dev/null
-  fi
+  debian_base "$BASE_IMAGE" "$DEBIAN_SUITE" || die "the $DEBIAN_SUITE base image could not be made"
   ensure_privileged
   python_base_image "$PYTHON_IMAGE" "$BASE_IMAGE"
+}
+# debian_base TAG SUITE [mmdebstrap options...]: a Debian minbase image made offline (mmdebstrap from Debian's
+# packages, then docker import: no registry), its tar cached in $KCACHE. --format=tar always: mmdebstrap
+# picks the format from the file name otherwise, "$tar.tmp" is no tar name, and a cold machine got a
+# directory that docker import refused (issue 38). tests/kind/test_cold_cache.py runs this cold.
+debian_base() {
+  local tag=$1 suite=$2
+  shift 2
+  have_image "$tag" && return 0
+  local tar="$KCACHE/debian-$suite-minbase.tar"
+  if [ ! -s "$tar" ]; then
+    step "mmdebstrap --variant=minbase $suite (Debian packages only; no container registry)"
+    rm -rf "$tar.tmp"
+    timed "mmdebstrap $suite" nice -n 10 mmdebstrap --quiet --variant=minbase --format=tar "$@" "$suite" "$tar.tmp" \
+      || return 1
+    mv "$tar.tmp" "$tar"
+  fi
+  timed "docker import $tag" docker import "$tar" "$tag" >/dev/null
 }
 # python_base_image TAG BASE: Debian's Python on BASE; the build context carries the host's extra CA
 # certificates (a TLS-inspecting proxy), so that pip in the images built on it trusts what the host trusts.
@@ -151,7 +161,14 @@ build_image() {
   log="$KCACHE/logs/build-$(echo "$tag" | tr '/:' '__').log"
   mkdir -p "$KCACHE/logs"
   step "docker build $tag (log: $log)"
-  if ! nice -n 10 docker build -t "$tag" "$@" "$ctx" >"$log" 2>&1; then
+  local version=()
+  case " $OPERATOR_IMAGE $TRAINER_IMAGE $STORE_IMAGE $CUDA_TRAINER_IMAGE " in
+    # A release's images carry their version (scripts/release.sh): the label also gives them an image ID of
+    # their own. A kubelet that pulled a release (its pull records are per image ID, KEP-2535) otherwise
+    # refused the same ID preloaded under the dev name with pull policy Never ("not present").
+    *" $tag "*) [ -z "${ETJ_IMAGE_VERSION:-}" ] || version=(--label "org.opencontainers.image.version=$ETJ_IMAGE_VERSION") ;;
+  esac
+  if ! nice -n 10 docker build -t "$tag" "${version[@]}" "$@" "$ctx" >"$log" 2>&1; then
     tail -30 "$log" >&2
     die "docker build $tag failed (log: $log)"
   fi
@@ -201,17 +218,9 @@ STORE_SUITE=forky
 STORE_BASE_IMAGE=etj.local/debian:$STORE_SUITE-minbase
 ensure_store_base() {
   [ -n "${ETJ_PYTHON_IMAGE:-}" ] && return 0   # a registry is reachable: the Dockerfile's debian:forky-slim
-  have_image "$STORE_BASE_IMAGE" && return 0
-  local tar="$KCACHE/debian-$STORE_SUITE-minbase.tar"
-  if [ ! -s "$tar" ]; then
-    step "mmdebstrap --variant=minbase $STORE_SUITE (the store image's base)"
-    # A testing suite's Release carries Valid-Until; a mirror snapshot older than it would be refused. The
-    # option stays in the base (/etc/apt/apt.conf.d/99mmdebstrap) for the image's own apt-get.
-    timed "mmdebstrap $STORE_SUITE" nice -n 10 mmdebstrap --quiet --variant=minbase --format=tar \
-      --aptopt='Acquire::Check-Valid-Until "false"' "$STORE_SUITE" "$tar.tmp" || return 1
-    mv "$tar.tmp" "$tar"
-  fi
-  timed "docker import $STORE_BASE_IMAGE" docker import "$tar" "$STORE_BASE_IMAGE" >/dev/null
+  # A testing suite's Release carries Valid-Until; a mirror snapshot older than it would be refused. The
+  # option stays in the base (/etc/apt/apt.conf.d/99mmdebstrap) for the image's own apt-get.
+  debian_base "$STORE_BASE_IMAGE" "$STORE_SUITE" --aptopt='Acquire::Check-Valid-Until "false"'
 }
 # Python on the forky base, with the host's extra CA certificates like the bookworm Python base: pip runs in
 # Dockerfile.cpu-debian's build.
@@ -305,7 +314,7 @@ component_image() {
 
 NODE_KEY=""
 # Bump when ensure_node_image below changes what goes into the node image.
-NODE_RECIPE=1
+NODE_RECIPE=2  # 2: the registry hosts directory for the kubelet's pulls
 ensure_node_image() {
   if [ -n "${ETJ_KIND_NODE_IMAGE:-}" ]; then
     # A registry is reachable (GitHub Actions): upstream kindest/node, pulled by kind create cluster.
@@ -358,6 +367,10 @@ ensure_node_image() {
   rm -f "$ctx/files/etc/containerd/config.toml"
   cp "$KIND_DIR/images/node/Dockerfile" "$KIND_DIR/images/node/containerd-config.toml" "$ctx/"
   sed "s/@PAUSE_IMAGE@/registry.k8s.io\/pause:$PAUSE_VERSION/" "$KIND_DIR/images/node/containerd-config.toml" >"$ctx/containerd-config.toml"
+  # The kind network's registry, over plain HTTP, for the kubelet's own pulls (a release installed from it).
+  mkdir -p "$ctx/files/etc/containerd/certs.d/$REGISTRY_NAME:5000"
+  printf 'server = "http://%s:5000"\n\n[host."http://%s:5000"]\n  capabilities = ["pull", "resolve"]\n' \
+    "$REGISTRY_NAME" "$REGISTRY_NAME" >"$ctx/files/etc/containerd/certs.d/$REGISTRY_NAME:5000/hosts.toml"
   cp "$K8S_BIN/kubelet" "$K8S_BIN/kubeadm" "$K8S_BIN/kubectl" "$EXT_BIN/crictl" "$ctx/bin/"
   sed "s/KINDNET_TAG/$kindnet_tag/g" "$KIND_DIR/manifests/default-cni.yaml" >"$ctx/manifests/default-cni.yaml"
   cp "$KIND_DIR/manifests/default-storage.yaml" "$ctx/manifests/"
@@ -627,6 +640,15 @@ case "$cmd" in
     ensure_dockerd
     ensure_base_images
     ;;
+  base)
+    # Only the Debian base image (step 2's first half): its name on stdout. With ETJ_CACHE_DIR and
+    # ETJ_BASE_IMAGE pointing at nothing yet, this is the cold path (tests/kind/test_cold_cache.py).
+    lock
+    ensure_packages
+    ensure_dockerd
+    debian_base "$BASE_IMAGE" "$DEBIAN_SUITE" || die "the $DEBIAN_SUITE base image could not be made"
+    echo "$BASE_IMAGE"
+    ;;
   store-image)
     # Only the store image (and what it needs): its name on stdout, or an error when it was not built.
     lock
@@ -662,7 +684,7 @@ case "$cmd" in
   down)
     [ -x "$KIND" ] && "$KIND" delete cluster --name "$CLUSTER" >&2
     ;;
-  *) die "usage: $0 [up|docker|images|store-image|cuda-image|node-image|install|demo|e2e|config|env|down]" ;;
+  *) die "usage: $0 [up|docker|base|images|store-image|cuda-image|node-image|install|demo|e2e|config|env|down]" ;;
 esac
 }
 main "$@"; exit

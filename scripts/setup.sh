@@ -41,6 +41,13 @@ fi
 
 say "building or reusing the local control plane (cached by version)"
 .venv/bin/etj cluster build >/dev/null
+# Kueue's controller (tests/kueue, docs/kueue.md), built from its Go module like the control plane and cached
+# by version; a cold build compiles ~1,400 packages (docs/kueue.md has the times). ETJ_KUEUE=0 skips it and
+# the Kueue tests.
+if [ "${ETJ_KUEUE:-1}" != 0 ]; then
+  say "building or reusing Kueue's controller (cached by version)"
+  .venv/bin/python -m etj_testbed.cli kueue build >/dev/null
+fi
 # actionlint lints .github/workflows in the tests; built from its Go module like the control plane.
 actionlint_version=v1.7.7
 tools="${ETJ_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/etj}/tools-actionlint-$actionlint_version"

@@ -144,6 +144,9 @@ def goodput(polls: Sequence[Poll], min_world: int, end_s: float | None = None) -
     charged to the cause in force: start-up until the first step, then the last resize or stop, until
     steps advance again. A step counter that goes back means steps redone: their time moves from
     productive to ``wasted_progress_from_disruption``.
+
+    Long because: one pass over the polls whose state (cause, stretch, best step, stopped) every branch
+    reads and moves; split, that state would travel between functions and the charging rules with it.
     """
     polls = sorted(polls, key=lambda p: p.t)
     end = end_s if end_s is not None else (polls[-1].t if polls else 0.0)

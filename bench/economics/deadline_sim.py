@@ -26,7 +26,7 @@ from bench.economics.accounting import SCALE_UP, SLICE_DOWN, TRAINING_PREP, WAST
 from bench.economics.simulate import Cluster, JobModel, Outcome, _Run
 from bench.economics.traces import Trace
 
-from etj_operator.decide.deadline import DeadlineInputs, Throughput, decide
+from etj_operator.decide.deadline.policy import DeadlineInputs, Throughput, decide
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,7 @@ def test_status_subresource_and_printer_columns(cluster: Cluster, namespace: str
     assert table[0].split() == [
         "NAME",
         "PHASE",
+        "REASON",  # the Ready condition's reason: why a job is not running (issue 37)
         "WORKERS",
         "WORLD",
         "EPOCH",
@@ -167,7 +168,8 @@ def test_status_subresource_and_printer_columns(cluster: Cluster, namespace: str
         "FINISH",
         "AGE",
     ]
-    assert table[1].split()[:8] == ["cols", "Running", "3/4", "3", "2", "120", "-120", "2026-12-04T15:30:00Z"]
+    row = ["cols", "Running", "Training", "3/4", "3", "2", "120", "-120", "2026-12-04T15:30:00Z"]
+    assert table[1].split()[:9] == row
     wide = cluster.kubectl("get", "etj", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split()[-5:] == ["SAMPLES/S", "LOSS", "POLICY", "COST", "AGE"]
     assert wide[1].split()[-5:-1] == ["410.5", "0.25", "FixedGlobalBatch", "12.5"]

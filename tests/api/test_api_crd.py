@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -93,17 +94,21 @@ def test_printer_columns() -> None:
     cols = {c["name"]: c for c in crd.PRINTER_COLUMNS}
     always = [c["name"] for c in crd.PRINTER_COLUMNS if not c.get("priority")]
     # Slack and Finish: where a job with spec.deadline stands against it (issue 28); empty without one.
-    assert always == ["Phase", "Workers", "World", "Epoch", "Step", "Slack", "Finish", "Age"]
+    # Reason: why the job is or is not Ready, e.g. ImagePullBackOff or Unschedulable (issue 37).
+    assert always == ["Phase", "Reason", "Workers", "World", "Epoch", "Step", "Slack", "Finish", "Age"]
+    assert cols["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].reason'
     assert cols["Slack"]["jsonPath"] == ".status.schedule.slackSeconds"
     assert cols["Finish"]["jsonPath"] == ".status.schedule.projectedFinish"
     assert cols["Age"]["type"] == "date"
     schema = _schema()
     for col in crd.PRINTER_COLUMNS:
         node = schema
-        for part in col["jsonPath"].strip(".").split("."):
+        # A filter ([?(@.type=="Ready")]) picks list items: step into the list's items.
+        path = re.sub(r"\[\?\(.*?\)\]", ".[]", col["jsonPath"])
+        for part in path.strip(".").split("."):
             if part in ("metadata",):
                 break
-            node = node["properties"][part]  # every column points at a declared field
+            node = node["items"] if part == "[]" else node["properties"][part]  # a declared field
 
 
 def test_schema_is_structural() -> None:

@@ -300,6 +300,23 @@ def test_network_policy_value_and_the_operators_identity_reach_its_settings(
     assert not off.network_policy
 
 
+def test_network_policy_enforced_reaches_the_operator() -> None:
+    """networkPolicy.enforced (issue 37 item 5): unknown by default (each job gets a Warning), as declared"""
+    from etj_operator.decide.objects.netpol import Enforced
+
+    assert build_state(_operator_flags(render())).settings.network_policy_enforced == Enforced.UNKNOWN
+    for value, expected in [(True, Enforced.TRUE), ("false", Enforced.FALSE), ("unknown", Enforced.UNKNOWN)]:
+        flags = _operator_flags(render({"networkPolicy": {"enforced": value}}))
+        assert build_state(flags).settings.network_policy_enforced == expected
+
+
+def test_the_chart_can_forbid_host_path_volumes() -> None:
+    """security.forbidHostPath (issue 37 item 5) reaches the operator as --forbid-host-path; off by default"""
+    assert not build_state(_operator_flags(render())).settings.forbid_host_path
+    on = build_state(_operator_flags(render({"security": {"forbidHostPath": True}}))).settings
+    assert on.forbid_host_path
+
+
 # ---- RBAC ------------------------------------------------------------------------------------------
 
 
@@ -339,7 +356,8 @@ def test_rbac_has_no_wildcards_no_secret_reads_and_no_writes_beyond_what_the_ope
         triples = rule_triples(rules)
         resources = {r for _, r, _ in triples}
         assert not resources & {"configmaps", "serviceaccounts", "roles", "rolebindings"}
-        # Secrets: the jobs' token Secrets are created, never read back (tokens are derived).
+        # Secrets: the jobs' token Secrets are created, never read back (tokens and the Secrets' names are
+        # derived from the operator's key: a 409 on one is the operator's own, issue 37).
         assert {v for _, r, v in triples if r == "secrets"} == {"create"}
         writes = {(r, v) for _, r, v in triples if v not in ("get", "list", "watch")}
         assert writes == {
@@ -415,6 +433,14 @@ def test_rendered_crd_is_the_generated_crd_plus_helm_metadata_with_keep_policy()
     ).stdout
     assert "e+" not in raw
     assert raw.split("\nspec:\n", 1)[1] == CRD_SOURCE.read_text().split("\nspec:\n", 1)[1]
+
+
+def test_the_token_key_outlives_helm_uninstall_like_the_jobs_it_serves() -> None:
+    # Jobs outlive `helm uninstall` (the CRD is kept); a reinstall must read their progress with the same
+    # key, so the chart keeps the key too and adopts it on the next install (docs/install-eks.md).
+    key = one(render(), "Secret")
+    assert key["metadata"]["name"] == "etj-token-key"
+    assert key["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
 
 
 def test_crd_toggle_and_keep_policy_are_values() -> None:

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from etj_operator.decide.manifests import NONROOT_UID
+from etj_operator.decide.objects.manifests import NONROOT_UID
 from tests.chart.helmbed import REPO, one, render
 
 OPERATOR = REPO / "Dockerfile"

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from etj_testbed.demo.local import Demo
+from etj_testbed.demo.scenario import Scenario
 from etj_testbed.demo.script import Script
 from etj_testbed.localcluster import toolchain
 from etj_testbed.localcluster.proclet.nodes import PULL_SECONDS_ANNOTATION
@@ -34,41 +35,39 @@ PULL_S = 20
 AWAY = re.compile(r"rendezvous store back after ([0-9.]+) s")
 
 
-class StoreDrainDemo(Demo):
-    """The demo with its own interruption off; once training is at epoch 2, the store's node is drained."""
+class StoreDrain(Scenario):
+    """In place of the demo's spot interruption: once training is at epoch 2, the store's node is drained."""
 
     drained: str | None = None  # the store's node
     drain: subprocess.Popen[str] | None = None
     drain_started = 0.0
     drain_seconds: float | None = None
 
-    def job(self) -> dict[str, Any]:
-        job = super().job()
+    def poll(self, demo: Demo, job: dict[str, Any]) -> None:
         progress = (job.get("status") or {}).get("progress") or {}
         if self.drain is None and (progress.get("epoch") or 0) >= 2:
-            sel = f"etj.dev/job={self.name},etj.dev/role=rendezvous"
-            pods = self.kube.get(f"/api/v1/namespaces/{self.ns}/pods", labelSelector=sel).get("items") or []
+            sel = f"etj.dev/job={demo.name},etj.dev/role=rendezvous"
+            pods = demo.kube.get(f"/api/v1/namespaces/{demo.ns}/pods", labelSelector=sel).get("items") or []
             running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
             if running:
                 self.drained = running[0]["spec"]["nodeName"]
-                for node in self.nodes:
+                for node in demo.nodes:
                     if node != self.drained:
-                        self.kubectl(
+                        demo.kubectl(
                             "annotate", "node", node, f"{PULL_SECONDS_ANNOTATION}={PULL_S}", "--overwrite"
                         )
-                cmd = [str(toolchain.binary("kubectl")), "--kubeconfig", str(self.kubeconfig), "drain"]
+                cmd = [str(toolchain.binary("kubectl")), "--kubeconfig", str(demo.kubeconfig), "drain"]
                 cmd += [self.drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=300s"]
                 self.drain_started = time.monotonic()
                 self.drain = subprocess.Popen(
                     cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
                 )
-                self.event(f"kubectl drain {self.drained} (the store's node)")
+                demo.event(f"kubectl drain {self.drained} (the store's node)")
         if self.drain is not None and self.drain_seconds is None and self.drain.poll() is not None:
             self.drain_seconds = time.monotonic() - self.drain_started
-            self.event(
+            demo.event(
                 f"drain of {self.drained} done ({self.drain.returncode}) in {self.drain_seconds:.1f} s"
             )
-        return job
 
 
 def test_a_drain_of_the_store_node_moves_the_store(cluster: Any) -> None:
@@ -81,28 +80,30 @@ def test_a_drain_of_the_store_node_moves_the_store(cluster: Any) -> None:
     manifest["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": "0.5"})
     suffix = uuid.uuid4().hex[:5]
     run_dir = cache_root() / "e2e" / f"store-drain-{suffix}"  # kept for whoever debugs a failure
-    demo = StoreDrainDemo(
+    scenario = StoreDrain()
+    demo = Demo(
         Path(cluster.kubeconfig),
         f"e2e-drain-{suffix}",
         run_dir,
         manifest,
-        Script(interrupt_epoch=10**6, timeout_s=1200),
+        Script(timeout_s=1200),
         f"e2edrain{suffix}",
+        scenario=scenario,
     )
     try:
         demo.start()
         result = demo.run()
-        if demo.drain is not None:
-            demo.drain.wait(60)
+        if scenario.drain is not None:
+            scenario.drain.wait(60)
     finally:
-        if demo.drain is not None and demo.drain.poll() is None:
-            demo.drain.kill()
+        if scenario.drain is not None and scenario.drain.poll() is None:
+            scenario.drain.kill()
         demo.cleanup(delete_job=True)
     status = result.status.get("status") or {}
-    assert demo.drain is not None, result.events
-    output = demo.drain.stdout.read() if demo.drain.stdout else ""
-    print("drain:", demo.drain.returncode, f"{demo.drain_seconds} s", output[-1500:])
-    assert demo.drain.returncode == 0, output
+    assert scenario.drain is not None, result.events
+    output = scenario.drain.stdout.read() if scenario.drain.stdout else ""
+    print("drain:", scenario.drain.returncode, f"{scenario.drain_seconds} s", output[-1500:])
+    assert scenario.drain.returncode == 0, output
     assert result.phase == "Succeeded", (result.phase, status.get("conditions"), run_dir)
     assert not status.get("failures"), status  # the store's move is not a worker failure
     logs = "".join(p.read_text(errors="replace") for p in run_dir.glob("proclet/pods/*/*/trainer.log"))

@@ -33,8 +33,9 @@ from etj_testbed.localcluster.proclet.env import (
     service_names,
     substitute_services,
 )
-from etj_testbed.localcluster.proclet.harness import Proclet, iter_pids_with_marker, start_subprocess
+from etj_testbed.localcluster.proclet.harness import Proclet, iter_pids_with_marker
 from etj_testbed.localcluster.proclet.kube import Kube
+from etj_testbed.localcluster.proclet.launch import start_subprocess
 from etj_testbed.localcluster.proclet.nodes import (
     INSTANCE_LABEL,
     NODE_RUNTIME_LABEL,

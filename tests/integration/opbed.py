@@ -6,6 +6,7 @@ sharing the session's control plane never schedule onto each other's nodes.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -21,6 +22,8 @@ from typing import Any, cast
 from kubernetes import client
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
+from etj_operator.decide.objects.pod_env import token_secret_of
+from etj_operator.k8s.main import TOKEN_KEY_ENV
 from etj_testbed.localcluster.fake_nodes import fake_gpu_node
 from tests.plugins.cluster import Cluster
 
@@ -52,11 +55,15 @@ class OperatorProcess:
             *extra,
         ]
         self.log_path = log_path
+        self.namespace = namespace
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115  (closed with the process)
-        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        # A key of the test's own, the same for every operator process of it (as the chart keeps one for
+        # all replicas and restarts): a random key names a new token Secret after each restart.
+        env = {TOKEN_KEY_ENV: f"test-key-{self.namespace}", **os.environ}
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         return self
 
@@ -163,6 +170,11 @@ class Bed:
     def status(self, name: str) -> dict[str, Any]:
         return (self.job(name) or {}).get("status") or {}
 
+    def condition(self, name: str, type_: str) -> dict[str, Any]:
+        """The job's condition of ``type_`` ({} while it has none)."""
+        conditions = self.status(name).get("conditions") or []
+        return next((c for c in conditions if c["type"] == type_), {})
+
     def pods(self, job: str, role: str = "worker") -> list[Any]:
         sel = f"etj.dev/job={job},etj.dev/role={role}"
         return list(self.core.list_namespaced_pod(self.ns, label_selector=sel).items)
@@ -171,6 +183,15 @@ class Bed:
         return [
             p for p in self.pods(job) if p.status.phase == "Running" and not p.metadata.deletion_timestamp
         ]
+
+    def token(self, job: str) -> str:
+        """The job's progress token, from the Secret its store pod names (the name is derived from the
+        operator's key: dataplane.token_secret_name)."""
+        (store, *_) = self.pods(job, "rendezvous")
+        name = token_secret_of(client.ApiClient().sanitize_for_serialization(store))
+        assert name, f"{store.metadata.name} names no token Secret"
+        secret: Any = self.core.read_namespaced_secret(name, self.ns)
+        return base64.b64decode(secret.data["token"]).decode()
 
     def events(self, job: str) -> list[Any]:
         evs = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={job}").items

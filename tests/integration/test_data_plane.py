@@ -30,7 +30,7 @@ from etj_contract import env as etj_env
 from etj_contract.ports import PROGRESS_PORT
 from etj_contract.progress import MAX_BODY_BYTES, PROGRESS_PATH
 from etj_contract.replicas import REPLICAS_PATH, Replicas
-from etj_operator.decide.dataplane import job_token
+from etj_operator.decide.objects.dataplane import job_token, token_secret_name
 from etj_operator.k8s.store_client import StoreClient
 from etj_trainer.agent.local_launcher import free_port
 from etj_trainer.core.progress import get_json, post_json
@@ -188,7 +188,9 @@ def test_job_gets_its_token_secret_and_a_network_policy_before_its_pods(
         job = bed.job("sealed") or {}
         uid = job["metadata"]["uid"]
 
-        secret = cast(Any, bed.core.read_namespaced_secret("sealed-etj-token", bed.ns))
+        # Named from the operator's key too (no one can make it before the operator: issue 37).
+        name = token_secret_name(key.encode(), namespace=bed.ns, job="sealed", uid=uid)
+        secret = cast(Any, bed.core.read_namespaced_secret(name, bed.ns))
         token = base64.b64decode(secret.data["token"]).decode()
         # Derived from the operator's key and the job's identity: a restarted operator knows it unread.
         assert token == job_token(key.encode(), namespace=bed.ns, job="sealed", uid=uid)
@@ -199,7 +201,7 @@ def test_job_gets_its_token_secret_and_a_network_policy_before_its_pods(
         for pod in [*bed.pods("sealed"), *bed.pods("sealed", "rendezvous")]:
             env = {e.name: e for e in pod.spec.containers[0].env}
             ref = env[etj_env.PROGRESS_TOKEN.name].value_from.secret_key_ref
-            assert (ref.name, ref.key) == ("sealed-etj-token", "token")
+            assert (ref.name, ref.key) == (name, "token")
             assert token not in json.dumps(client.ApiClient().sanitize_for_serialization(pod))
 
         policy = cast(

@@ -11,7 +11,6 @@ scaling an on-demand node group) would.
 
 from __future__ import annotations
 
-import base64
 import time
 from pathlib import Path
 from typing import Any
@@ -68,8 +67,7 @@ def _scenario(bed: Bed) -> None:
     bed.wait("two spot workers running", lambda: len(bed.running_workers("dl")) == 2, 90)
     assert len(_pinned(bed, "dl", "spot")) == 4  # ordinary workers are pinned to spot under a deadline
     bed.wait("the store process running", lambda: running_store_ip(bed, "dl") is not None, 180)
-    secret: Any = bed.core.read_namespaced_secret("dl-etj-token", bed.ns)
-    token = base64.b64decode(secret.data["token"]).decode()
+    token = bed.token("dl")
     url = f"http://{running_store_ip(bed, 'dl')}:{PROGRESS_PORT}/progress"
     bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 60)
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from etj_operator.decide.conditions import PARTIAL_USAGE_NOTE, ConditionReason
+from etj_operator.decide.status.conditions import PARTIAL_USAGE_NOTE, ConditionReason
 from tests.integration.opbed import TEST_LABEL, Bed, OperatorProcess, job_manifest
 from tests.plugins.cluster import Cluster
 

@@ -5,9 +5,7 @@ test_kubectl_scale_grows_the_running_world shows the world growing from there)."
 
 from __future__ import annotations
 
-import base64
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,8 +27,7 @@ def test_kubectl_scale_reaches_the_jobs_store(bed: Bed, cluster: Cluster, tmp_pa
             GROUP, VERSION, bed.ns, PLURAL, job_manifest("sc", bed.ns, max_workers=2)
         )
         bed.wait("the store process running", lambda: running_store_ip(bed, "sc") is not None, 180)
-        secret: Any = bed.core.read_namespaced_secret("sc-etj-token", bed.ns)
-        token = base64.b64decode(secret.data["token"]).decode()
+        token = bed.token("sc")
         url = f"http://{running_store_ip(bed, 'sc')}:{PROGRESS_PORT}{REPLICAS_PATH}"
         bed.wait("the store told 1..2", lambda: get_json(url, token=token) == {"min": 1, "max": 2}, 60)
         cluster.kubectl("scale", "elastictrainingjob", "sc", "-n", bed.ns, "--replicas=4")

@@ -1,5 +1,5 @@
 """Many jobs, one spot pool, on the real apiserver and kube-scheduler (kwok nodes): every job gets its
-replicas.min before any job gets more than its min (decide/sharing.py, docs/operator.md).
+replicas.min before any job gets more than its min (decide/plan/sharing.py, docs/operator.md).
 
 Workers beyond a job's min run at a PriorityClass below every job's that never preempts; the scheduler's
 own preemption then takes a full pool's extras back for a later job's min workers.

@@ -188,11 +188,16 @@ class RunningJob:
 
 @contextmanager
 def running_job(
-    bed: KindBed, tag: str, manifest: JSON, epochs: int, script: Script | None = None
+    bed: KindBed,
+    tag: str,
+    manifest: JSON,
+    epochs: int,
+    script: Script | None = None,
+    config: E2EConfig | None = None,
 ) -> Iterator[RunningJob]:
     """Submit ``manifest`` and train it in the background under ``script`` (default: no scripted
-    interruption; the test acts)."""
-    config = bed.e2e(epochs)
+    interruption; the test acts), in ``config``'s mode (default: the dev images, ``bed.e2e``)."""
+    config = config or bed.e2e(epochs)
     run_dir = config.run_root() / tag
     suffix = uuid.uuid4().hex[:5]
     script = script or Script(interrupt_epoch=10**6, timeout_s=1800)

@@ -18,12 +18,16 @@ starting together exactly one takes a marker), then execs the normal trainer.
 from __future__ import annotations
 
 import itertools
+import json
 import re
+import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +39,7 @@ from tests.kind.kindbed import (
     RunningJob,
     exactly_once,
     kubectl,
+    kubectl_path,
     running_job,
     two_worker_job,
     wait_for,
@@ -174,7 +179,7 @@ exec etj-train worker
 def test_failures_further_apart_than_the_window_do_not_fail_the_job(kind: KindBed) -> None:
     """maxFailures 1 and two real crashes: with the window each crash is alone in it, so the job trains on
     and Succeeds. Without it (failureWindowSeconds: 0) the budget counts the job's lifetime, 2 > 1, and
-    the same job would be Failed at the second crash (decide/bad_nodes.py budget_failures)."""
+    the same job would be Failed at the second crash (decide/failures/bad_nodes.py budget_failures)."""
     epochs = 16
     markers = _markers(kind, "window")
     job = _crashing_job(epochs, 0.5, CRASH_TWICE, markers)
@@ -288,7 +293,7 @@ def test_training_killed_again_and_again_raises_crash_looping_within_two_minutes
     status = result.status.get("status") or {}
     assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
     # The only worker leaving by itself after the last step is the job finishing: this job's kind run
-    # found the Event saying WorkerLost (fixed in decide/job_status.py, tests/operator/test_status.py).
+    # found the Event saying WorkerLost (fixed in decide/status/job_status.py, tests/operator/test_status.py).
     ends = wait_for(
         "the Event of the last worker's exit", lambda: _worker_changes(kind, run, "workers 1 -> 0"), 60
     )
@@ -301,7 +306,8 @@ def test_training_killed_again_and_again_raises_crash_looping_within_two_minutes
 # ---- nothing from the store is trusted, from a pod the policy admits -------------------------------------
 
 # Run in a pod of the job's namespace that carries the job's label, so the job's NetworkPolicy admits it
-# (decide/dataplane.py: ingress from the job's own pods on any port): a plain TCPStore client, no token.
+# (decide/objects/dataplane.py: ingress from the job's own pods on any port): a plain TCPStore client, no
+# token.
 ATTACK = r"""
 import base64, json, os, pickle, random, sys, time, urllib.error, urllib.request
 from datetime import timedelta
@@ -340,8 +346,11 @@ print(json.dumps({"writes": writes, "replicas_without_token": code}))
 READ_BOUNDS = "import os; from etj_trainer.resize import bounds; print(bounds.read_from(os.environ['ETJ_PROGRESS_URL']))"  # noqa: E501
 
 
-def _attacker(kind: KindBed, run: RunningJob) -> str:
-    """A pod in the job's namespace with the job's label (no role: the operator ignores it), running."""
+def _attacker(
+    kind: KindBed, run: RunningJob, command: list[str] | None = None, env: list[JSON] | None = None
+) -> str:
+    """A pod in the job's namespace with the job's label (no role: the operator ignores it), running
+    ``command`` (default: sleep, for `kubectl exec`) with ``env``."""
     name = f"attacker-{uuid.uuid4().hex[:5]}"
     body = {
         "metadata": {"name": name, "labels": {"etj.dev/job": run.name}},
@@ -351,7 +360,8 @@ def _attacker(kind: KindBed, run: RunningJob) -> str:
                     "name": "attack",
                     "image": kind.trainer_image,
                     "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
+                    "command": command or ["sleep", "3600"],
+                    "env": env or [],
                 }
             ],
             "terminationGracePeriodSeconds": 0,
@@ -420,8 +430,16 @@ def _attack(kind: KindBed, run: RunningJob, workers: dict[str, str], attacker: s
     # A join after the forged bounds: a worker leaves, its replacement joins, and the world is 2 again.
     # Rank 0 admits joiners, and agents complete rounds, only up to the bounds they read (resize/bounds.py):
     # had they taken the forged 1:1, the replacement would have been turned away.
+    return _leave_and_regrow(kind, run, workers)
+
+
+def _leave_and_regrow(kind: KindBed, run: RunningJob, workers: dict[str, str]) -> float:
+    """Delete one of ``workers``; the seconds until the world was 2 again with its replacement, by the
+    trainer's own resize records (2 -> 1, then 1 -> 2)."""
     leaver = sorted(workers)[0]
-    left_at, left = datetime.now(UTC), time.monotonic()
+    # Whole seconds, as status times are: an in-place leave re-forms the world within the second of the
+    # delete, so its record's time can read earlier than the delete's exact instant.
+    left_at, left = datetime.now(UTC).replace(microsecond=0), time.monotonic()
     kind.kube.request("DELETE", f"/api/v1/namespaces/{run.ns}/pods/{leaver}")
 
     def regrown() -> bool:
@@ -430,9 +448,182 @@ def _attack(kind: KindBed, run: RunningJob, workers: dict[str, str], attacker: s
         later = [
             (r["from"], r["to"])
             for r in run.status().get("resizeHistory") or []
-            if datetime.fromisoformat(r["time"]) > left_at and r.get("pauseSeconds") is not None
+            if datetime.fromisoformat(r["time"]) >= left_at and r.get("pauseSeconds") is not None
         ]
         return (2, 1) in later and (1, 2) in later[later.index((2, 1)) :]
 
     run.wait("the world 2 -> 1, then 1 -> 2 with the replacement", regrown, timeout=600)
     return time.monotonic() - left
+
+
+# ---- a client with the endpoint and the uid but not the token: never a rank (issue 37) -------------------
+
+# The trainer's own joiner (resize/join.py ``ask``), run with what every worker pod's spec shows (its env
+# values: the store's endpoint, the job's uid, ...) and a guessed token, for ``seconds``: each round queues
+# it and waits for a ticket. Before issue 37 such a client was admitted as a rank and sent the job's state.
+JOIN_ATTACK = r"""
+import json, os, sys, time
+os.environ["ETJ_PROGRESS_TOKEN"] = "a-guess"
+from etj_trainer.resize import join
+asked, admitted, deadline = 0, None, time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline and admitted is None:
+    try:
+        admitted = join.ask(wait_s=5, node=f"evil-{asked}")
+    except Exception as e:  # a refusal the store makes is as good as a withdrawal
+        print("error", type(e).__name__, e, flush=True)
+    asked += 1
+    print("ADMITTED" if admitted else "refused", flush=True)
+    time.sleep(1)
+print(json.dumps({"asked": asked, "admitted": repr(admitted) if admitted else None}), flush=True)
+time.sleep(3600)  # stay up for the logs
+"""
+
+
+def _shown_env(pod: JSON) -> list[JSON]:
+    """The plain values of ``pod``'s first container's env: what anyone who can read the pod spec sees
+    (the token comes from a Secret, by reference, and is not among them)."""
+    container = pod["spec"]["containers"][0]
+    return [{"name": e["name"], "value": e["value"]} for e in container.get("env") or [] if "value" in e]
+
+
+def test_a_pod_with_the_jobs_label_but_not_its_token_never_becomes_a_rank(kind: KindBed) -> None:
+    epochs = 12
+    with running_job(kind, "joinattack", two_worker_job(epochs, 0.5), epochs) as run:
+        workers = run.wait("two workers training", lambda: run.training_workers(2, min_step=5))
+        spec = kind.kube.get(f"/api/v1/namespaces/{run.ns}/pods/{sorted(workers)[0]}")
+        attacker = _attacker(kind, run, ["python", "-c", JOIN_ATTACK, "240"], _shown_env(spec))
+        try:
+            # The attacker queues beside the real replacement of a worker that leaves: the world grows
+            # back with the replacement, never with the attacker.
+            regrown_s = _leave_and_regrow(kind, run, workers)
+
+            def summary() -> str | None:
+                logs = kubectl(kind, "logs", "-n", run.ns, attacker, timeout=60).stdout
+                return logs if '"asked"' in logs else None
+
+            logs = run.wait("the attacker's rounds done", summary, timeout=600)
+        finally:
+            kind.kube.request("DELETE", f"/api/v1/namespaces/{run.ns}/pods/{attacker}")
+        result = run.result()
+
+    assert "ADMITTED" not in logs and '"admitted": null' in logs, logs[-3000:]
+    assert logs.count("refused") >= 3, logs[-3000:]  # it did ask, round after round
+    status = result.status.get("status") or {}
+    assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
+    assert not status.get("failures"), status
+    assert max(r["to"] for r in status.get("resizeHistory") or [{"to": 0}]) <= 2, status  # never a third rank
+    exactly_once(run.run_dir, epochs)
+    refused = logs.count("refused")
+    print(f"a tokenless joiner refused {refused} times; world 2 again {regrown_s:.1f} s after a leave")
+
+
+# ---- pods that never start: the job says why, and fails at its deadline (issue 37, item 4) ---------------
+# The local bed cannot produce these (kwok makes every pod Running, process nodes ignore images and leave a
+# missing Secret's variables unset): tests/integration/test_operator_start_blocks.py covers Unschedulable
+# there, and tests/operator/test_start_blocks.py the decision.
+
+# A registry name that never resolves (.invalid, RFC 2606): the kubelet's pull fails at once, offline too.
+MISSING_IMAGE = "registry.invalid/etj/no-such-image:1"
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff")
+
+
+def _never_starting_job(kind: KindBed, deadline: int = 900, **trainer: Any) -> JSON:
+    """The demo's job with ``trainer`` fields changed, pulling what is not loaded (nothing trains)."""
+    # 2 epochs: the demo's warm-up is 1 epoch, and the CRD refuses a warm-up as long as the training
+    job = two_worker_job(2, 0.0, imagePullPolicy="IfNotPresent", image=kind.trainer_image)
+    job["spec"]["trainer"].update(trainer)
+    job["spec"]["failurePolicy"]["podStartDeadlineSeconds"] = deadline
+    return job
+
+
+@contextmanager
+def _submitted(kind: KindBed, tag: str, job: JSON) -> Iterator[tuple[str, str]]:
+    """``job`` in a namespace of its own, submitted as is: (namespace, name)."""
+    ns, name = f"etj-{tag}-{uuid.uuid4().hex[:5]}", tag
+    assert kubectl(kind, "create", "namespace", ns).returncode == 0
+    job["metadata"] = {"name": name, "namespace": ns}
+    try:
+        applied = subprocess.run(
+            [kubectl_path(), "--kubeconfig", str(kind.kubeconfig), "apply", "-f", "-"],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert applied.returncode == 0, applied.stderr
+        yield ns, name
+    finally:
+        kubectl(kind, "delete", "namespace", ns, "--wait=false")
+
+
+def _job_status(kind: KindBed, ns: str, name: str) -> JSON:
+    path = f"/apis/etj.dev/v1alpha1/namespaces/{ns}/elastictrainingjobs/{name}"
+    status: JSON = (kind.kube.get_or_none(path) or {}).get("status") or {}
+    return status
+
+
+def _job_condition(kind: KindBed, ns: str, name: str, type_: str) -> JSON:
+    return next((c for c in _job_status(kind, ns, name).get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_a_worker_image_that_cannot_be_pulled_is_said_within_a_minute_and_fails_the_job(
+    kind: KindBed,
+) -> None:
+    # The store runs the loaded image; the workers' image cannot be pulled.
+    job = _never_starting_job(kind, deadline=60, image=MISSING_IMAGE, storeImage=kind.trainer_image)
+    with _submitted(kind, "noimage", job) as (ns, name):
+        start = time.monotonic()
+        wait_for(
+            "PodsBlocked=True with the kubelet's pull failure",
+            lambda: _job_condition(kind, ns, name, "PodsBlocked").get("reason") in PULL_FAILURES,
+            90,
+        )
+        said = time.monotonic() - start
+        blocked = _job_condition(kind, ns, name, "PodsBlocked")
+        assert MISSING_IMAGE in blocked["message"] and "worker pod" in blocked["message"], blocked
+        table = kubectl(kind, "get", "etj", name, "-n", ns).stdout
+        assert any(r in table for r in PULL_FAILURES), table
+        wait_for("the job Failed", lambda: _job_status(kind, ns, name).get("phase") == "Failed", 180)
+        failed = _job_condition(kind, ns, name, "Failed")
+        assert failed["reason"] in PULL_FAILURES and "podStartDeadlineSeconds 60" in failed["message"], failed
+        pulls = [
+            e
+            for e in kind.events(ns, name)
+            if e.get("type") == "Warning" and e.get("reason") in PULL_FAILURES
+        ]
+        # Once, though the kubelet retried the pull several times in the minute.
+        assert len(pulls) == 1 and MISSING_IMAGE in pulls[0]["message"], pulls
+        print(f"PodsBlocked {blocked['reason']} {said:.1f} s after the job was created")
+
+
+def test_a_store_image_that_cannot_be_pulled_is_named_not_the_store(kind: KindBed) -> None:
+    job = _never_starting_job(kind, storeImage=MISSING_IMAGE)
+    with _submitted(kind, "nostore", job) as (ns, name):
+        wait_for(
+            "PodsBlocked=True naming the store pod's image",
+            lambda: _job_condition(kind, ns, name, "PodsBlocked").get("message", "").startswith("store pod"),
+            90,
+        )
+        blocked = _job_condition(kind, ns, name, "PodsBlocked")
+        assert blocked["reason"] in PULL_FAILURES and MISSING_IMAGE in blocked["message"], blocked
+        assert _job_condition(kind, ns, name, "Ready")["reason"] in PULL_FAILURES
+
+
+def test_a_missing_secret_is_said_with_the_kubelets_words(kind: KindBed) -> None:
+    job = _never_starting_job(kind)
+    secret = {"name": "S3_KEY", "valueFrom": {"secretKeyRef": {"name": "etj-no-such-secret", "key": "k"}}}
+    job["spec"]["trainer"]["env"].append(secret)
+    with _submitted(kind, "nosecret", job) as (ns, name):
+        wait_for(
+            "PodsBlocked=True/CreateContainerConfigError",
+            lambda: (
+                _job_condition(kind, ns, name, "PodsBlocked").get("reason") == "CreateContainerConfigError"
+            ),
+            90,
+        )
+        blocked = _job_condition(kind, ns, name, "PodsBlocked")
+        assert 'secret "etj-no-such-secret" not found' in blocked["message"], blocked
+        assert any(
+            e.get("type") == "Warning" and e.get("reason") == "CreateContainerConfigError"
+            for e in kind.events(ns, name)
+        )

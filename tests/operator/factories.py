@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
-from etj_operator.decide.planner import JobView, Observed
+from etj_operator.decide.plan.planner import JobView, Observed
 from etj_operator.observe.nodes import NodeInfo
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason, Signal

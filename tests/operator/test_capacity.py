@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from etj_operator.api.models import ConditionType
-from etj_operator.decide.planner import free_capacity, plan
+from etj_operator.decide.plan.planner import free_capacity, plan
 from etj_operator.observe.nodes import node_info
 from etj_operator.observe.pods import countable_requests
 from etj_operator.quantity import parse_milli

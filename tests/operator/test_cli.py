@@ -56,7 +56,7 @@ def test_a_declared_command_whose_package_is_not_installed_is_left_out(
 def test_the_project_declares_the_test_beds_commands_and_they_load() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     declared = project["entry-points"][cli.PLUGIN_GROUP]
-    assert set(declared) == {"cluster", "demo"}
+    assert set(declared) == {"cluster", "demo", "kueue"}
     for name, value in declared.items():
         command = EntryPoint(name, value, cli.PLUGIN_GROUP).load()
         assert value.startswith("etj_testbed.") and callable(command) and command.__doc__

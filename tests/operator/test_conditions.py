@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from etj_operator.api.models import ConditionType, Phase
-from etj_operator.decide.conditions import RULES, ConditionReason, JobFacts, build_conditions
+from etj_operator.decide.status.conditions import RULES, ConditionReason, JobFacts, build_conditions
 from etj_operator.observe.signals import Reason
 
 R = ConditionReason

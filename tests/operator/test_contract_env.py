@@ -10,7 +10,7 @@ import pytest
 
 from etj_contract import env as etj_env
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.decide.pod_env import worker_env
+from etj_operator.decide.objects.pod_env import worker_env
 from etj_trainer import cli
 from etj_trainer.agent.agent_config import AgentConfig
 from etj_trainer.config import TrainConfig
@@ -36,7 +36,10 @@ def test_names_are_unique_and_prefixed() -> None:
 
 def test_the_operator_sets_exactly_the_reserved_variables_in_the_contracts_order() -> None:
     spec = job().spec
-    names = [e["name"] for e in worker_env(spec, job="j", namespace="ns", uid="u", pod="j-worker-0")]
+    names = [
+        e["name"]
+        for e in worker_env(spec, job="j", namespace="ns", uid="u", token_secret="tok", pod="j-worker-0")
+    ]
     assert names == [*RESERVED_ENV, "HOME", "POD_IP"]
     assert tuple(v.name for v in etj_env.ALL if v.set_by == etj_env.SetBy.OPERATOR) == RESERVED_ENV
 

@@ -16,14 +16,14 @@ import pytest
 
 from etj_contract.progress import ProgressDoc, merge
 from etj_operator.api.models import ConditionType, ElasticTrainingJobStatus, FailurePolicy
-from etj_operator.decide.crash_loop import (
+from etj_operator.decide.failures.crash_loop import (
     CRASH_LOOP_WINDOW_S,
     next_step_seconds,
     record_crashes,
     reported_crashes,
     stall_threshold,
 )
-from etj_operator.decide.planner import plan
+from etj_operator.decide.plan.planner import plan
 from etj_operator.observe.pods import PodInfo
 from tests.operator.factories import NOW, cluster, job, observe, spec, started, store, worker
 

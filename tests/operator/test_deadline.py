@@ -1,4 +1,5 @@
-"""The deadline policy (decide/deadline.py), as named tables of cases: progress in, on-demand count out."""
+"""The deadline policy (decide/deadline/policy.py), as named tables of cases: progress in, on-demand count
+out."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from etj_operator.decide.deadline import (
+from etj_operator.decide.deadline.policy import (
     DeadlineInputs,
     Throughput,
     Why,

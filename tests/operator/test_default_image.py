@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from etj_operator.api.models import ConditionType, ElasticTrainingJobSpec, ElasticTrainingJobStatus, Phase
-from etj_operator.decide import manifests
-from etj_operator.decide.conditions import ConditionReason
-from etj_operator.decide.planner import JobView, plan, trainer_image
+from etj_operator.decide.objects import manifests
+from etj_operator.decide.plan.planner import JobView, plan, trainer_image
+from etj_operator.decide.status.conditions import ConditionReason
 from etj_operator.k8s.main import build_state, parse_args
 from tests.operator.factories import cluster, job, observe, spec, started, status, store, worker
 
@@ -54,9 +54,13 @@ def test_a_job_without_image_runs_the_default_and_records_it() -> None:
     assert result.status.trainer_image == DEFAULT
     assert result.status.to_patch()["trainerImage"] == DEFAULT
     s = _no_image_spec()
-    pod = manifests.worker_pod(s, job="train", namespace="ns", uid="u", slot=0, image=result.trainer_image)
+    pod = manifests.worker_pod(
+        s, job="train", namespace="ns", uid="u", token_secret="tok", slot=0, image=result.trainer_image
+    )
     assert pod["spec"]["containers"][0]["image"] == DEFAULT
-    rdzv = manifests.rendezvous_pod(s, job="train", namespace="ns", uid="u", image=result.trainer_image)
+    rdzv = manifests.rendezvous_pod(
+        s, job="train", namespace="ns", uid="u", token_secret="tok", image=result.trainer_image
+    )
     assert rdzv["spec"]["containers"][0]["image"] == DEFAULT
 
 
@@ -99,7 +103,9 @@ def test_a_default_arriving_later_starts_the_waiting_job() -> None:
 
 def test_building_a_pod_without_any_image_is_refused() -> None:
     with pytest.raises(ValueError, match="no trainer image"):
-        manifests.worker_pod(_no_image_spec(), job="train", namespace="ns", uid="u", slot=0)
+        manifests.worker_pod(
+            _no_image_spec(), job="train", namespace="ns", uid="u", token_secret="tok", slot=0
+        )
 
 
 def test_the_operator_reads_the_default_from_the_charts_environment(monkeypatch: pytest.MonkeyPatch) -> None:

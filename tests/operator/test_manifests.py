@@ -6,14 +6,23 @@ from typing import Any
 
 import pytest
 
+from etj_contract.ports import PROGRESS_PORT, STORE_READY_PATH, STORE_READY_TIMEOUT_S
 from etj_operator.api.pod import RESERVED_ENV
-from etj_operator.decide.manifests import rendezvous_pod, rendezvous_service, worker_pod
-from etj_operator.decide.names import rendezvous_index
+from etj_operator.decide.objects.manifests import rendezvous_pod, rendezvous_service, worker_pod
+from etj_operator.decide.objects.names import rendezvous_index
 from tests.operator.factories import spec
 
 
 def _pod(**overrides: Any) -> dict[str, Any]:
-    return worker_pod(spec(**overrides), job="train", namespace="ml", uid="uid-1", slot=2, grace_seconds=90)
+    return worker_pod(
+        spec(**overrides),
+        job="train",
+        namespace="ml",
+        uid="uid-1",
+        token_secret="tok",
+        slot=2,
+        grace_seconds=90,
+    )
 
 
 def _env(pod: dict[str, Any]) -> dict[str, str]:
@@ -92,16 +101,35 @@ def test_workers_run_as_the_jobs_service_account_and_the_store_does_not() -> Non
     checkpoints); the store never touches the object store, so it keeps the namespace's default."""
     assert "serviceAccountName" not in _pod()["spec"]  # unset: the namespace's default
     job = spec(trainer={"image": "trainer:1", "resources": {"gpu": 1}, "serviceAccountName": "trainer-s3"})
-    pod = worker_pod(job, job="train", namespace="ml", uid="uid-1", slot=0, grace_seconds=90)
+    pod = worker_pod(
+        job, job="train", namespace="ml", uid="uid-1", token_secret="tok", slot=0, grace_seconds=90
+    )
     assert pod["spec"]["serviceAccountName"] == "trainer-s3"
     assert pod["spec"]["automountServiceAccountToken"] is False  # the trainer never calls the API
-    store = rendezvous_pod(job, job="train", namespace="ml", uid="u")
+    store = rendezvous_pod(job, job="train", namespace="ml", uid="u", token_secret="tok")
     assert "serviceAccountName" not in store["spec"]
+
+
+def test_the_store_is_ready_when_its_tcpstore_answers() -> None:
+    """Issue 37: the probe was a TCP connect to the TCPStore's port, which passed while a partial query held
+    the store image's poll() server; ``/readyz`` answers after a set and read-back through that port
+    (tests/trainer/test_store_held.py), within the probe's timeout."""
+    (store,) = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", token_secret="tok")["spec"][
+        "containers"
+    ]
+    probe = store["readinessProbe"]
+    assert probe["httpGet"] == {"path": STORE_READY_PATH, "port": "progress"}
+    assert {"name": "progress", "containerPort": PROGRESS_PORT} in store["ports"]
+    assert probe["timeoutSeconds"] > STORE_READY_TIMEOUT_S and "tcpSocket" not in probe
 
 
 @pytest.mark.parametrize("builder", ["worker", "store"])
 def test_restricted_pod_security(builder: str) -> None:
-    pod = _pod() if builder == "worker" else rendezvous_pod(spec(), job="train", namespace="ml", uid="u")
+    pod = (
+        _pod()
+        if builder == "worker"
+        else rendezvous_pod(spec(), job="train", namespace="ml", uid="u", token_secret="tok")
+    )
     psc = pod["spec"]["securityContext"]
     assert psc["runAsNonRoot"] and psc["seccompProfile"] == {"type": "RuntimeDefault"}
     for c in pod["spec"]["containers"]:
@@ -221,7 +249,7 @@ def test_user_required_terms_are_anded_with_the_capacity_rule() -> None:
 
 
 def test_store_runs_on_demand_behind_a_headless_service() -> None:
-    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", index=2)
+    pod = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", token_secret="tok", index=2)
     assert pod["metadata"]["name"] == "train-rdzv-2"  # the Service, train-rdzv, selects it by label
     container = pod["spec"]["containers"][0]
     assert container["command"] == [
@@ -247,7 +275,7 @@ def test_store_runs_on_demand_behind_a_headless_service() -> None:
         "etj.dev/store": "2",
     }
     assert pod["metadata"]["labels"].items() >= svc["spec"]["selector"].items()
-    other = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", index=3)
+    other = rendezvous_pod(spec(), job="train", namespace="ml", uid="u", token_secret="tok", index=3)
     assert not other["metadata"]["labels"].items() >= svc["spec"]["selector"].items()
 
 
@@ -256,18 +284,19 @@ def test_store_pod_is_guaranteed_never_blocks_karpenter_and_takes_a_priority_cla
     # karpenter.sh/do-not-disrupt blocked drift and expiry of its node for good; the PDB and the
     # operator's move on the disruption taint do the job instead.
     s = spec(placement={"rendezvous": {"priorityClassName": "etj-store"}})
-    pod = rendezvous_pod(s, job="j", namespace="ns", uid="u", image="img")
+    pod = rendezvous_pod(s, job="j", namespace="ns", uid="u", token_secret="tok", image="img")
     resources = pod["spec"]["containers"][0]["resources"]
     assert resources["requests"] == resources["limits"] and set(resources["limits"]) == {"cpu", "memory"}
     assert "karpenter.sh/do-not-disrupt" not in (pod["metadata"].get("annotations") or {})
     assert pod["spec"]["priorityClassName"] == "etj-store"
     assert (
-        "priorityClassName" not in rendezvous_pod(spec(), job="j", namespace="ns", uid="u", image="i")["spec"]
+        "priorityClassName"
+        not in rendezvous_pod(spec(), job="j", namespace="ns", uid="u", token_secret="tok", image="i")["spec"]
     )
 
 
 def test_store_disruption_budget_admits_no_eviction_of_the_store_only() -> None:
-    from etj_operator.decide.dataplane import store_disruption_budget
+    from etj_operator.decide.objects.dataplane import store_disruption_budget
 
     pdb = store_disruption_budget(job="j", namespace="ns", uid="u")
     assert pdb["spec"] == {

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from etj_operator.api.models import ConditionType
-from etj_operator.decide.conditions import PARTIAL_USAGE_NOTE
-from etj_operator.decide.planner import free_capacity, plan
+from etj_operator.decide.plan.planner import free_capacity, plan
+from etj_operator.decide.status.conditions import PARTIAL_USAGE_NOTE
 from etj_operator.k8s.main import build_state, parse_args
 from tests.operator.factories import GPU, cluster, job, observe, spec
 

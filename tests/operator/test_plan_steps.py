@@ -1,41 +1,49 @@
-"""The planner's steps one at a time (decide/plan_steps.py): the order of ``STEPS``, and the small pure
-helpers the steps share, as named tables. The whole chain is tested by tests/operator/test_planner.py."""
+"""The planner's steps one at a time (decide/plan/*_steps.py): each takes what it reads and returns what it
+decides, never the plan itself; and the small pure helpers the steps share, as named tables. The whole chain
+is tested by tests/operator/test_planner.py."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
+from types import ModuleType
+from typing import get_type_hints
 
 import pytest
 
-from etj_operator.decide import plan_steps
-from etj_operator.decide.plan_steps import PlanContext
-from etj_operator.decide.slots import free_slots, next_rendezvous_index
+from etj_operator.decide.plan import create_steps, deadline_steps, drain_steps, judge_steps, status_step
+from etj_operator.decide.plan.model import JobPods, Plan, StepResult
+from etj_operator.decide.plan.slots import free_slots, next_rendezvous_index
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason
 from tests.operator.factories import cluster, job, observe, spec, started, store, worker
 
+STEP_MODULES: tuple[ModuleType, ...] = (drain_steps, judge_steps, deadline_steps, create_steps, status_step)
 
-def test_the_steps_run_in_the_order_of_the_decision() -> None:
-    assert [step.__name__ for step in plan_steps.STEPS] == [
-        "drain_interrupted",
-        "recheck_not_ready",
-        "drain_crashed",
-        "count_failures",
-        "count_crashes",
-        "judge_outcome",
-        "avoid_failed_nodes",
-        "stop_workers",
-        "trim_to_max",
-        "recreate_stale_avoiders",
-        "resolve_image",
-        "apply_deadline_policy",
-        "refill_workers",
-        "place_rendezvous",
-        "write_status",
-        "record_schedule",
-        "warn_report_missing",
-        "expire_ttl",
+
+def _steps() -> list[tuple[str, object]]:
+    return [
+        (f"{m.__name__.rpartition('.')[2]}.{name}", fn)
+        for m in STEP_MODULES
+        for name, fn in inspect.getmembers(m, inspect.isfunction)
+        if fn.__module__ == m.__name__ and not name.startswith("_")
     ]
+
+
+@pytest.mark.parametrize("name,step", _steps(), ids=[n for n, _ in _steps()])
+def test_a_step_declares_what_it_reads_and_returns_what_it_decides(name: str, step: object) -> None:
+    hints = get_type_hints(step)
+    returned = hints.pop("return")
+    assert Plan not in hints.values(), f"{name} is given the plan: it should be given what it reads"
+    assert returned is not None and returned is not Plan, f"{name} should return its decision"
+
+
+def test_the_draining_and_judging_steps_return_step_results() -> None:
+    # Their drains, Events and wake-ups are merged by Plan.take, in the planner's order.
+    for name, step in _steps():
+        if name.startswith(("drain_steps.", "judge_steps.")) and name != "judge_steps.count_failures":
+            returned = get_type_hints(step)["return"]
+            assert issubclass(returned, StepResult), name
 
 
 FREE_SLOTS: dict[str, tuple[list[int], int, list[int], list[int]]] = {
@@ -68,41 +76,52 @@ def test_next_rendezvous_index(case: str) -> None:
     assert next_rendezvous_index("train", [store(name=n) for n in names]) == expected
 
 
-def _context(pods: list[PodInfo], **spec_fields: object) -> PlanContext:
-    return PlanContext(job(spec(**spec_fields), started(len(pods))), observe(cluster(), pods))
-
-
 def test_trim_to_max_drops_pending_workers_first_then_the_highest_slots() -> None:
     pods = [worker(0, "spot-0"), worker(1, "spot-1"), worker(2), worker(3, "spot-3")]
-    c = _context(pods, replicas={"min": 1, "max": 2})
-    plan_steps.trim_to_max(c)
-    assert [(d.pod, d.reason) for d in c.out.drains] == [
+    trimmed = drain_steps.trim_to_max(2, 4, None, pods)
+    assert [(d.pod, d.reason) for d in trimmed.drains] == [
         ("train-worker-2", Reason.SCALED_BY_USER),
         ("train-worker-3", Reason.SCALED_BY_USER),
     ]
-    assert [p.name for p in c.survivors] == ["train-worker-0", "train-worker-1"]
+
+
+def test_trim_to_max_without_a_lower_max_drops_an_excess_worker() -> None:
+    pods = [worker(0, "spot-0"), worker(1, "spot-1"), worker(2, "spot-2")]
+    assert [(d.pod, d.reason) for d in drain_steps.trim_to_max(2, 2, None, pods).drains] == [
+        ("train-worker-2", Reason.EXCESS_WORKER)
+    ]
 
 
 def test_stop_workers_drains_every_survivor_of_a_suspended_job() -> None:
-    c = _context([worker(0, "spot-0"), worker(1, "spot-1")], suspend=True)
-    plan_steps.judge_outcome(c)
-    plan_steps.stop_workers(c)
-    assert c.stop_reason == Reason.SUSPENDED
-    assert [(d.pod, d.reason) for d in c.out.drains] == [
+    pods = [worker(0, "spot-0"), worker(1, "spot-1")]
+    j, obs = job(spec(suspend=True), started(2)), observe(cluster(), pods)
+    failures = judge_steps.count_failures(j.spec, j.status, [], 0, obs.now)
+    outcome = judge_steps.judge_outcome(j.spec, j.status, pods, obs, failures)
+    assert outcome.verdict.stop_reason == Reason.SUSPENDED
+    stopped = drain_steps.stop_workers(outcome.verdict.stop_reason, pods)
+    assert [(d.pod, d.reason) for d in stopped.drains] == [
         ("train-worker-0", Reason.SUSPENDED),
         ("train-worker-1", Reason.SUSPENDED),
     ]
-    assert c.survivors == []
 
 
 def test_drain_crashed_counts_a_crash_but_not_a_worker_whose_node_went_away() -> None:
     crashed = replace(worker(0, "spot-0", phase="Failed"), exit_code=1)
     on_lost_node = worker(1, "gone-node", phase="Failed")
-    c = _context([crashed, on_lost_node])
-    plan_steps.drain_crashed(c)
-    plan_steps.count_failures(c)
-    assert [(d.pod, d.reason) for d in c.out.drains] == [
+    pods: list[PodInfo] = [crashed, on_lost_node]
+    j, obs = job(spec(), started(2)), observe(cluster(), pods)
+    drained = drain_steps.drain_crashed(JobPods.of(pods).workers, obs, j.status.phase)
+    assert [(d.pod, d.reason) for d in drained.drains] == [
         ("train-worker-0", Reason.WORKER_FAILED),
         ("train-worker-1", Reason.NODE_DELETED),
     ]
-    assert (c.out.new_failures, c.failures) == (1, 1)
+    failures = judge_steps.count_failures(j.spec, j.status, drained.drains, drained.new_failures, obs.now)
+    assert (failures.new, failures.total) == (1, 1)
+
+
+def test_plan_take_merges_drains_events_and_the_earliest_wake() -> None:
+    out = Plan()
+    out.take(StepResult(wake_in=30.0))
+    out.take(drain_steps.trim_to_max(1, 2, None, [worker(0, "spot-0"), worker(1, "spot-1")]))
+    out.take(StepResult(wake_in=5.0))
+    assert ([d.pod for d in out.drains], out.requeue_after) == (["train-worker-1"], 5.0)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus, Phase
-from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
+from etj_operator.decide.plan.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.observe.signals import Reason, Signal
 from tests.operator.factories import (
     NOW,
@@ -539,6 +539,8 @@ def test_every_status_write_carries_the_full_conditions_list() -> None:
         "Progressing",
         "CheckpointVolatile",
         "CrashLooping",
+        "PodsBlocked",
+        "CheckpointDurable",
     ]
     assert result.status.to_patch()["conditions"][0]["status"] == "True"
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from etj_operator.api.models import CapacityType, Phase
-from etj_operator.decide.manifests import worker_pod
-from etj_operator.decide.placement import HOSTNAME_LABEL, capacity_affinity
-from etj_operator.decide.planner import JobView, Observed, plan
+from etj_operator.decide.objects.manifests import worker_pod
+from etj_operator.decide.objects.placement import HOSTNAME_LABEL, capacity_affinity
+from etj_operator.decide.plan.planner import JobView, Observed, plan
 from etj_operator.observe.pods import pod_info
 from etj_operator.observe.signals import Reason
 from tests.operator.factories import NOW, cluster, job, node, observe, spec, started, store, worker
@@ -150,7 +150,13 @@ def test_avoided_nodes(case: AvoidCase) -> None:
     assert result.avoid_nodes == case.avoided
     for slot in result.create_workers:
         pod = worker_pod(
-            case.job.spec, job="train", namespace="ns", uid="u", slot=slot, avoid_nodes=result.avoid_nodes
+            case.job.spec,
+            job="train",
+            namespace="ns",
+            uid="u",
+            token_secret="tok",
+            slot=slot,
+            avoid_nodes=result.avoid_nodes,
         )
         excluded = _excluded(pod)
         # Every term (they are ORed) excludes every avoided node; nothing is required when none is avoided.
@@ -308,9 +314,14 @@ def test_a_pending_worker_is_recreated_when_a_node_it_avoids_is_allowed_again(
 
 
 def test_a_worker_pod_records_the_nodes_it_avoids() -> None:
-    pod = worker_pod(spec(), job="train", namespace="ns", uid="u", slot=0, avoid_nodes=["a", "b"])
+    pod = worker_pod(
+        spec(), job="train", namespace="ns", uid="u", token_secret="tok", slot=0, avoid_nodes=["a", "b"]
+    )
     assert pod_info(pod).avoids == ("a", "b")
-    assert pod_info(worker_pod(spec(), job="train", namespace="ns", uid="u", slot=0)).avoids == ()
+    assert (
+        pod_info(worker_pod(spec(), job="train", namespace="ns", uid="u", token_secret="tok", slot=0)).avoids
+        == ()
+    )
 
 
 @pytest.mark.parametrize(

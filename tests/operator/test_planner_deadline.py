@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus
+from etj_operator.api.schedule import MAX_RELEASED_NAMES
 from etj_operator.constants import LABEL_CAPACITY
-from etj_operator.decide import manifests
-from etj_operator.decide.planner import JobView, Observed, plan
-from etj_operator.decide.schedule import PriceDefaults
+from etj_operator.decide.deadline.schedule import PriceDefaults
+from etj_operator.decide.objects import manifests
+from etj_operator.decide.plan.planner import JobView, Observed, plan
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason
 from tests.operator.factories import NOW, cluster, job, node, observe, spec, started, store, worker
@@ -216,10 +217,14 @@ def test_cost_adds_up_the_workers_since_the_last_update() -> None:
     assert cost.spot_worker_seconds == 240 and cost.price_source == defaults.source
 
 
+def _deadline_pod(slot: int, capacity: CapacityType) -> dict[str, Any]:
+    """The deadline job's worker pod of ``slot``, placed on ``capacity``."""
+    ids = {"job": "train", "namespace": "ns", "uid": "u", "token_secret": "tok"}
+    return manifests.worker_pod(deadline_spec(), **ids, slot=slot, capacity=capacity)
+
+
 def test_on_demand_pod_is_pinned_where_autoscalers_provision() -> None:
-    body = manifests.worker_pod(
-        deadline_spec(), job="train", namespace="ns", uid="u", slot=5, capacity=CapacityType.ON_DEMAND
-    )
+    body = _deadline_pod(5, CapacityType.ON_DEMAND)
     assert body["metadata"]["labels"][LABEL_CAPACITY] == "on-demand"
     terms = body["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
@@ -229,9 +234,7 @@ def test_on_demand_pod_is_pinned_where_autoscalers_provision() -> None:
     assert {"key": "eks.amazonaws.com/capacityType", "operator": "In", "values": ["ON_DEMAND"]} in exprs
     assert terms[0]["matchExpressions"][1]["key"] == "karpenter.sh/capacity-type"  # Karpenter's term first
     assert not any("spot" in str(t.get("key", "")) for t in body["spec"]["tolerations"])
-    spot = manifests.worker_pod(
-        deadline_spec(), job="train", namespace="ns", uid="u", slot=0, capacity=CapacityType.SPOT
-    )
+    spot = _deadline_pod(0, CapacityType.SPOT)
     assert spot["metadata"]["labels"][LABEL_CAPACITY] == "spot"
     assert "requiredDuringSchedulingIgnoredDuringExecution" in spot["spec"]["affinity"]["nodeAffinity"]
 
@@ -239,8 +242,70 @@ def test_on_demand_pod_is_pinned_where_autoscalers_provision() -> None:
 def test_pinned_label_round_trips_through_pod_info() -> None:
     from etj_operator.observe.pods import pod_info
 
-    body = manifests.worker_pod(
-        deadline_spec(), job="train", namespace="ns", uid="u", slot=5, capacity=CapacityType.ON_DEMAND
-    )
+    body = _deadline_pod(5, CapacityType.ON_DEMAND)
     info: PodInfo = pod_info(body)
     assert info.pinned == "on-demand" and info.slot == 5
+
+
+@dataclass(frozen=True)
+class ReleaseCase:
+    name: str
+    running_before: int  # status.currentReplicas the plan reads
+    resize_reason: str | None  # what status.resizeHistory says of the round (None: no running change)
+
+
+# Spot is back and the job is ahead (the case above): both on-demand workers are released in the round in
+# which the spot workers are seen running. What the running count does then depends on when the operator
+# last saw it, a race of the watch against the trainer: the release must be on record either way (issue 36:
+# a clean-clone `make test` found no OnDemandReleased in resizeHistory after a release).
+SPOT_BACK = [*cluster(spot=4), od_node(0), od_node(1)]
+RELEASE_RACES = [
+    ReleaseCase("spot seen running with the release: no running change, no resize", 2, None),
+    ReleaseCase("spot seen running before the release: a resize down, named by it", 4, "OnDemandReleased"),
+    ReleaseCase("one spot worker joined since the last status: the count rises", 1, "CapacityAdded"),
+]
+
+
+@pytest.mark.parametrize("case", RELEASE_RACES, ids=lambda c: c.name)
+def test_a_release_is_recorded_with_the_decision_whatever_the_running_count_does(case: ReleaseCase) -> None:
+    prev = progress(2_000_000, 4).model_copy(update={"current_replicas": case.running_before})
+    p = plan(job(deadline_spec(within=10_800), prev), observe(SPOT_BACK, MIXED))
+    released = ["train-worker-3", "train-worker-2"]
+    assert [d.pod for d in p.drains if d.reason == Reason.ON_DEMAND_RELEASED] == released
+    sched = p.status.schedule
+    assert sched is not None and sched.on_demand_released == released, sched
+    named = [e.message for e in p.events if e.reason == Reason.ON_DEMAND_RELEASED]
+    assert any(all(n in m for n in released) for m in named), p.events
+    resizes = [r.reason for r in p.status.resize_history]
+    assert resizes == ([case.resize_reason] if case.resize_reason else []), p.status.resize_history
+
+
+def test_releases_accumulate_across_rounds_and_keep_the_newest() -> None:
+    earlier = [f"train-worker-{i}" for i in range(40, 40 + MAX_RELEASED_NAMES)]
+    body = progress(2_000_000, 4).model_dump(by_alias=True, mode="json", exclude_none=True)
+    body["schedule"] = {"reason": "AheadOfSchedule", "onDemandReleased": earlier}
+    prev = ElasticTrainingJobStatus.model_validate(body)
+    p = plan(job(deadline_spec(within=10_800), prev), observe(SPOT_BACK, MIXED))
+    sched = p.status.schedule
+    assert sched is not None
+    assert sched.on_demand_released == [*earlier[2:], "train-worker-3", "train-worker-2"]
+    # A round without a release keeps the record as it was.
+    quiet = plan(job(deadline_spec(within=10_800), p.status), observe(cluster(spot=4), [*MIXED[:2], store()]))
+    assert quiet.status.schedule is not None
+    assert quiet.status.schedule.on_demand_released == sched.on_demand_released
+
+
+def test_a_job_that_ends_in_the_round_that_reads_its_final_report_has_finished_on_schedule() -> None:
+    """The policy decides from the status the round read (here: a third done, ahead of the line); the
+    final report arrives with the workers' exit, and the job ends in that round. Its schedule said
+    AheadOfSchedule forever (issue 36: a loaded clean-clone `make test`)."""
+    final = {"step": 180, "finished": True, "samplesSeen": TOTAL, "samplesTotal": TOTAL}
+    pods = [worker(0, "spot-0", phase="Succeeded", finished_at=NOW, **SPOT_PINNED), store()]
+    p = plan(
+        job(deadline_spec(within=10_800), progress(2_000_000, 1)),
+        observe(cluster(spot=2), pods, progress=final),
+    )
+    assert p.status.phase == "Succeeded"
+    sched = p.status.schedule
+    assert sched is not None and (sched.reason, sched.on_demand_wanted) == ("Finished", 0), sched
+    assert sched.projected_finish == p.status.completion_time == NOW

@@ -165,6 +165,24 @@ def test_our_pods_enter_the_job_index_and_wake_their_job() -> None:
     assert state.job_pods("ml", "train") == [] and "n1" not in state.node_usage()
 
 
+def test_a_kubelet_or_scheduler_status_write_on_our_pending_pod_wakes_its_job_with_the_blocker() -> None:
+    """Issue 37: the waiting reason (or the scheduler's Unschedulable) arrives as a status-only MODIFIED of a
+    pod that changes no usage; it must still reach the job's plan within a reconcile."""
+    state, kicks = _state()
+    ours = pod("train-worker-0", node=None, gpus=1, phase="Pending", labels={LABEL_JOB: "train"}, ns="ml")
+    state.pod_events("", [("ADDED", ours)])
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/3"}
+    state.pod_events(
+        "", [("MODIFIED", {**ours, "status": {"phase": "Pending", "conditions": [unschedulable]}})]
+    )
+    assert kicks.kicked == [("ml", "train")] * 2
+    (info,) = state.job_pods("ml", "train")
+    assert info.blocker is not None and (info.blocker.reason, info.blocker.message) == (
+        "Unschedulable",
+        "0/3",
+    )
+
+
 def test_the_first_listing_opens_the_gate_and_fills_both_views() -> None:
     state = State(Settings(namespaces=("a", "b")))
     state.pods_relisted("a", [pod("w", gpus=1, labels={LABEL_JOB: "j"}, ns="a")])

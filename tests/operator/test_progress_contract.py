@@ -32,6 +32,8 @@ def test_round_trip_through_json() -> None:
         accumulation_steps=2,
         lr_multiplier=1.0,
         last_checkpoint={"step": 300, "path": "/ckpt", "time": 1.0},
+        failed_writes=2,
+        checkpoint_error="s3://b/p/ckpt-000000340.pt: MaxRetryError: refused",
         resizes=(LEAVE, JOIN),
         finished=True,
         accuracy=0.97,

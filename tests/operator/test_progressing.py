@@ -11,7 +11,7 @@ import pytest
 
 from etj_contract.progress import ProgressDoc, merge
 from etj_operator.api.models import ConditionType, ElasticTrainingJobStatus
-from etj_operator.decide.planner import plan
+from etj_operator.decide.plan.planner import plan
 from tests.operator.factories import NOW, cluster, job, observe, spec, started, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]

@@ -141,6 +141,7 @@ class RecordingKube(KubeClient):
         self.versions: list[str | None] = []  # the resourceVersion each status write was based on
         self.conflicts = 0  # answer this many writes as the apiserver does a stale one (409)
         self.current: dict[str, Any] | None = None  # the job as the apiserver has it (get_job)
+        self.gone: set[str] = set()  # pods someone else deleted first (their delete won)
 
     async def patch_status(
         self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
@@ -155,8 +156,8 @@ class RecordingKube(KubeClient):
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.current
 
-    async def delete_pod(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    async def delete_pod(self, namespace: str, name: str, **kwargs: Any) -> bool:
+        return name not in self.gone  # False: already deleted, by someone else
 
     async def create_pod(self, *args: Any, **kwargs: Any) -> None:
         return None
@@ -172,7 +173,7 @@ def test_workers_that_exited_0_make_the_loop_read_the_final_report_at_once() -> 
     # regression (issue 12): the job was marked Succeeded and its store stopped from the last *polled*
     # report, so the final one (accuracy) never reached status when the poll had not come round yet
     from etj_trainer.core.progress import post_json
-    from etj_trainer.service.store_server import ProgressState, make_http_server
+    from etj_trainer.service.store_http import ProgressState, make_http_server
     from tests.operator.factories import spec, started, store
 
     ip = "127.0.0.1"
@@ -287,6 +288,42 @@ def test_a_conflicting_status_write_is_planned_again_and_its_events_are_posted(
     assert "WorkerFailed" in posted and "AvoidingNode" in posted, posted
 
 
+def test_a_crash_another_leader_counted_and_drained_is_not_counted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 37 item 5, a leader handoff: the new leader saw the crashed worker, drained it and counted it
+    (failures 1 -> 2) while the old one, on the same observation, tried to drain it too. The old one's
+    delete finds the pod gone, its status write conflicts, and re-planning on the same observation counted
+    the crash a second time (3). A drain whose delete another writer won is theirs to count."""
+    from tests.operator.factories import started
+
+    runner, kube, posted = _runner_with_a_crashed_worker(monkeypatch)
+    runner.body = _job_body("41", started(4, failures=1))
+    kube.conflicts = 1
+    kube.current = _job_body("57", started(4, failures=2))  # the new leader counted this very crash
+    kube.gone = {"train-worker-3"}  # ... and its delete won
+
+    asyncio.run(runner.reconcile())
+    assert kube.versions == ["41", "57"]
+    assert [p["failures"] for p in kube.patches] == [2]  # counted once, by the writer whose delete won
+    assert "WorkerFailed" not in posted, posted  # the other writer said it
+
+
+def test_a_crash_whose_drain_another_writer_won_is_not_counted_even_without_a_conflict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same handoff the other way round: this writer's status goes first, but the pod it counted was
+    deleted by the other (whose write, conflicting, counts it then): only the delete's winner counts."""
+    from tests.operator.factories import started
+
+    runner, kube, _ = _runner_with_a_crashed_worker(monkeypatch)
+    runner.body = _job_body("41", started(4, failures=1))
+    kube.gone = {"train-worker-3"}
+
+    asyncio.run(runner.reconcile())
+    assert [p["failures"] for p in kube.patches] == [1]
+
+
 def test_conflicts_in_a_row_fail_the_round_but_its_events_are_posted(monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.operator.factories import started
 
@@ -304,7 +341,7 @@ def test_a_replacement_store_pod_with_the_old_name_is_told_the_bounds_again() ->
     # the operator saw it fail is gone from the API, so its replacement may get the same name (seen in a
     # clean-clone run of the store-loss demo); that fresh store never heard of a `kubectl scale` before it
     from etj_contract.replicas import Replicas
-    from etj_trainer.service.store_server import ProgressState, make_http_server
+    from etj_trainer.service.store_http import ProgressState, make_http_server
     from tests.operator.factories import job, spec, store
 
     told: list[Replicas] = []

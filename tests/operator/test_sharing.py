@@ -1,5 +1,5 @@
 """Many jobs, one pool: which new workers run at the job's priority and which at the elastic-extra class,
-and a scheduler preemption read as a planned leave, never a failure (decide/sharing.py, named tables)."""
+and a scheduler preemption read as a planned leave, never a failure (decide/plan/sharing.py, named tables)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from etj_operator.decide import manifests
-from etj_operator.decide.planner import JobView, plan
-from etj_operator.decide.sharing import extra_slots
+from etj_operator.decide.objects import manifests
+from etj_operator.decide.plan.planner import JobView, plan
+from etj_operator.decide.plan.sharing import extra_slots
 from etj_operator.observe.pods import PodInfo, pod_info
 from etj_operator.observe.signals import Reason, pod_signal
 from tests.operator.factories import NOW, cluster, observe, spec, started, store, worker
@@ -93,10 +93,18 @@ def test_plan_marks_extras_and_the_pods_get_their_classes() -> None:
     assert p.create_workers and p.extra_workers == p.create_workers
     for slot in p.create_workers:
         body = manifests.worker_pod(
-            view.spec, job="train", namespace="ns", uid="u", slot=slot, priority_class=EXTRA
+            view.spec,
+            job="train",
+            namespace="ns",
+            uid="u",
+            token_secret="tok",
+            slot=slot,
+            priority_class=EXTRA,
         )
         assert pod_info(body).priority_class == EXTRA
-    body = manifests.worker_pod(view.spec, job="train", namespace="ns", uid="u", slot=0, priority_class=MINE)
+    body = manifests.worker_pod(
+        view.spec, job="train", namespace="ns", uid="u", token_secret="tok", slot=0, priority_class=MINE
+    )
     assert body["spec"]["priorityClassName"] == MINE
 
 

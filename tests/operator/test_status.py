@@ -9,8 +9,8 @@ import pytest
 
 from etj_contract.progress import ResizeRecord
 from etj_operator.api.models import Phase, ResizeEvent
-from etj_operator.decide.job_status import merge_resizes, record_resize
-from etj_operator.decide.planner import plan
+from etj_operator.decide.plan.planner import plan
+from etj_operator.decide.status.resize_history import merge_resizes, record_resize
 from tests.operator.factories import NOW, cluster, job, observe, spec, started, status, store, worker
 
 RUNNING = [worker(i, f"spot-{i}") for i in range(4)]
@@ -236,6 +236,94 @@ def test_one_entry_per_resize_with_both_sides_fields_whatever_the_order(order: s
         history = merge_resizes(history, [])  # a poll that brings nothing new changes nothing
     got = [(e.from_, e.to, e.reason, e.pause_seconds) for e in history if e.to > 0]
     assert got == [(4, 3, "SpotInterruption", 0.16), (3, 4, "CapacityAdded", 1.4)], order
+
+
+# Two replacement pods start seconds apart (the operator records 2->3 and 3->4) and one rendezvous admits
+# both (the trainer measures 2->4), or two pods leave at once for the trainer and one by one for the
+# operator. Found on kind (issue 36): the scale-up stood as two pause-less entries beside the measured one.
+OP_UP_1, OP_UP_2 = _ev(30, 2, 3, "CapacityAdded"), _ev(42, 3, 4, "CapacityAdded")
+TR_UP = _rec(58, 2, 4, 0.42)
+POD_STEPS: dict[
+    str, tuple[list[ResizeEvent | list[ResizeRecord]], list[tuple[int, int, str, float | None]]]
+] = {
+    "two pods, one world: the trainer's record after the operator's": (
+        [OP_UP_1, OP_UP_2, [TR_UP]],
+        [(2, 4, "CapacityAdded", 0.42)],
+    ),
+    "two pods, one world: the trainer's record between the operator's": (
+        [OP_UP_1, [TR_UP], OP_UP_2, [TR_UP]],
+        [(2, 4, "CapacityAdded", 0.42)],
+    ),
+    "two pods, one world: the trainer's record first": (
+        [[TR_UP], OP_UP_1, OP_UP_2],
+        [(2, 4, "CapacityAdded", 0.42)],
+    ),
+    "two leave at once for the trainer, one by one for the operator": (
+        [_ev(0, 4, 3, "SpotInterruption"), _ev(2, 3, 2, "SpotInterruption"), [_rec(3, 4, 2, 0.5)]],
+        [(4, 2, "SpotInterruption", 0.5)],
+    ),
+    "two worlds, two records: nothing folds": (
+        [OP_UP_1, [_rec(35, 2, 3, 0.3)], OP_UP_2, [_rec(35, 2, 3, 0.3), _rec(50, 3, 4, 0.2)]],
+        [(2, 3, "CapacityAdded", 0.3), (3, 4, "CapacityAdded", 0.2)],
+    ),
+    # Found on kind (issue 36): the start-up ramp's 2->4 and the return after the interruption's 2->4 came
+    # 40 s apart; the operator's record of the return took the start-up's entry, and the return's own
+    # measurement had nothing left to land on.
+    "the same change twice, an interruption between: each record to its own change": (
+        [
+            [_rec(41, 2, 4, 7.36)],
+            _ev(63, 4, 2, "SpotInterruption"),
+            [_rec(41, 2, 4, 7.36), _rec(64, 4, 2, 1.3)],
+            _ev(80, 2, 4, "CapacityAdded"),
+            [_rec(41, 2, 4, 7.36), _rec(64, 4, 2, 1.3), _rec(100, 2, 4, 0.5)],
+        ],
+        [(2, 4, "scale-up", 7.36), (4, 2, "SpotInterruption", 1.3), (2, 4, "CapacityAdded", 0.5)],
+    ),
+    "the same change twice, the second never joined: it stays unmeasured": (
+        [
+            [_rec(41, 2, 4, 7.36)],
+            _ev(63, 4, 2, "SpotInterruption"),
+            [_rec(41, 2, 4, 7.36), _rec(64, 4, 2, 1.3)],
+            _ev(80, 2, 3, "CapacityAdded"),
+            _ev(81, 3, 4, "CapacityAdded"),
+        ],
+        [
+            (2, 4, "scale-up", 7.36),
+            (4, 2, "SpotInterruption", 1.3),
+            (2, 3, "CapacityAdded", None),
+            (3, 4, "CapacityAdded", None),
+        ],
+    ),
+    "the pods never joined: nothing folds, nothing measured": (
+        [OP_UP_1, OP_UP_2, []],
+        [(2, 3, "CapacityAdded", None), (3, 4, "CapacityAdded", None)],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(POD_STEPS))
+def test_pod_by_pod_changes_fold_into_the_world_change_the_trainer_measured(case: str) -> None:
+    arrivals, want = POD_STEPS[case]
+    history: list[ResizeEvent] = []
+    for item in arrivals:
+        history = (
+            record_resize(history, item) if isinstance(item, ResizeEvent) else merge_resizes(history, item)
+        )
+        history = merge_resizes(history, [])
+    assert [(e.from_, e.to, e.reason, e.pause_seconds) for e in history] == want, case
+
+
+def test_scale_ups_the_job_finished_before_admitting_say_so() -> None:
+    """On kind the replacement pods started 20 s before the end and never joined: the status said
+    `2->3 CapacityAdded` with no pause and nothing else (issue 36)."""
+    leave = _rec(-59, 4, 2, 0.5)
+    history = merge_resizes([_ev(-60, 4, 2, "SpotInterruption"), OP_UP_1, OP_UP_2], [leave])
+    prev = started(4, resizeHistory=[e.to_dict() for e in history])
+    done = {"step": 180, "finished": True, "resizes": [leave.to_json()]}
+    pods = [worker(i, f"spot-{i}") for i in range(4)]
+    st = plan(job(st=prev), observe(cluster(), [*pods, store()], progress=done, progress_time=NOW)).status
+    got = [(e.from_, e.to, e.pause_seconds, e.unmeasured_reason) for e in st.resize_history]
+    assert got == [(4, 2, 0.5, None), (2, 3, None, "NotJoinedBeforeEnd"), (3, 4, None, "NotJoinedBeforeEnd")]
 
 
 # prev status, workers running now, does the operator read progress -> (from, to, reason) recorded, or None

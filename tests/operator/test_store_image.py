@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from etj_operator.api.models import ElasticTrainingJobSpec
-from etj_operator.decide import manifests
-from etj_operator.decide.planner import JobView, plan, store_image
+from etj_operator.decide.objects import manifests
+from etj_operator.decide.plan.planner import JobView, plan, store_image
 from etj_operator.k8s.main import build_state, parse_args
 from tests.operator.factories import cluster, job, observe, spec, started, worker
 
@@ -92,12 +92,18 @@ def test_store_image_precedence(case: Case) -> None:
     if case.store is None:
         return
     rdzv = manifests.rendezvous_pod(
-        case.view.spec, job="train", namespace="ns", uid="u", image=result.store_image
+        case.view.spec, job="train", namespace="ns", uid="u", token_secret="tok", image=result.store_image
     )
     assert rdzv["spec"]["containers"][0]["image"] == case.store
     # Workers never run the store image.
     w = manifests.worker_pod(
-        case.view.spec, job="train", namespace="ns", uid="u", slot=0, image=result.trainer_image
+        case.view.spec,
+        job="train",
+        namespace="ns",
+        uid="u",
+        token_secret="tok",
+        slot=0,
+        image=result.trainer_image,
     )
     assert w["spec"]["containers"][0]["image"] == case.trainer
 
@@ -116,7 +122,9 @@ def test_the_store_image_is_not_recorded_and_workers_keep_the_recorded_trainer_i
 
 
 def test_a_store_pod_built_without_a_resolved_image_takes_the_specs_store_image() -> None:
-    rdzv = manifests.rendezvous_pod(_spec(store_image=SPEC_STORE), job="train", namespace="ns", uid="u")
+    rdzv = manifests.rendezvous_pod(
+        _spec(store_image=SPEC_STORE), job="train", namespace="ns", uid="u", token_secret="tok"
+    )
     assert rdzv["spec"]["containers"][0]["image"] == SPEC_STORE
     assert rdzv["spec"]["containers"][0]["command"][:2] == ["etj-train", "store"]
 

@@ -1,4 +1,4 @@
-"""Where the store runs and how it moves (decide/store_move.py), as a named table: store pods and nodes
+"""Where the store runs and how it moves (decide/plan/store_move.py), as a named table: store pods and nodes
 in, the store's plan out: make before break on a node being emptied, at once on a node that is gone."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from etj_operator.api.models import CapacityType
-from etj_operator.decide.store_move import MOVE_TIMEOUT, STORE_MOVED, STORE_MOVING, plan_store
+from etj_operator.decide.plan.store_move import MOVE_TIMEOUT, STORE_MOVED, STORE_MOVING, plan_store
 from etj_operator.observe.nodes import NodeInfo
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from etj_operator.decide.planner import Plan
-from etj_operator.decide.store_move import STORE_MOVING
+from etj_operator.decide.plan.planner import Plan
+from etj_operator.decide.plan.store_move import STORE_MOVING
 from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.k8s import reconciler
 from etj_operator.k8s.client import KubeClient

@@ -40,39 +40,64 @@ class S3Server:
         }
 
 
+class S3Process:
+    """versitygw serving ``root`` on one port: ``stop()`` and ``start()`` it again on the same port and data
+    (an S3 outage mid-run: connections refused while stopped, the same objects after)."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        self.root, self.port = root, port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = root.parent / "versitygw.log"
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                [str(binary()), "--access", ACCESS, "--secret", SECRET, "--port", f"127.0.0.1:{self.port}",
+                 "posix", str(self.root)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError as e:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"versitygw did not start: {self.log_path.read_text()}") from e
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
 @contextmanager
-def s3_server(root: Path, buckets: tuple[str, ...] = ("etj",)) -> Iterator[S3Server]:
-    exe = binary()
-    if not exe.is_file():
-        pytest.skip(f"{exe} is missing: scripts/setup.sh builds it")
+def s3_process(root: Path, buckets: tuple[str, ...] = ("etj",)) -> Iterator[tuple[S3Server, S3Process]]:
+    """A started versitygw on a free port with ``buckets``, and its handle to stop and start it."""
+    if not binary().is_file():
+        pytest.skip(f"{binary()} is missing: scripts/setup.sh builds it")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for b in buckets:  # the posix backend's buckets are top-level directories
         (root / b).mkdir(parents=True, exist_ok=True)
-    log = open(root.parent / "versitygw.log", "wb")  # noqa: SIM115  (closed below)
-    proc = subprocess.Popen(
-        [str(exe), "--access", ACCESS, "--secret", SECRET, "--port", f"127.0.0.1:{port}", "posix", str(root)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    server = S3Process(root, port)
+    server.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError as e:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"versitygw did not start: {(root.parent / 'versitygw.log').read_text()}"
-                    ) from e
-                time.sleep(0.1)
-        yield S3Server(f"http://127.0.0.1:{port}")
+        yield S3Server(f"http://127.0.0.1:{port}"), server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        server.stop()
+
+
+@contextmanager
+def s3_server(root: Path, buckets: tuple[str, ...] = ("etj",)) -> Iterator[S3Server]:
+    with s3_process(root, buckets) as (server, _):
+        yield server

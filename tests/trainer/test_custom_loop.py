@@ -58,10 +58,10 @@ def test_the_api_trains_exactly_once_and_resumes_where_it_stopped(tmp_path: Path
         100, _tiny(tmp_path, max_steps=2, sample_log_dir=tmp_path / "log"), stop=elastic.StopFlag()
     ) as job:
         _loop(job, x, y)
-    assert job.step == 2 and not job.stopped_early
+    assert job.steps_done == 2 and not job.stopped_early
     with elastic.Job(100, _tiny(tmp_path, sample_log_dir=tmp_path / "log"), stop=elastic.StopFlag()) as job:
         _loop(job, x, y)
-    assert job.step == 3  # 48 + 48 + 4: an epoch's short last step
+    assert job.steps_done == 3  # 48 + 48 + 4: an epoch's short last step
     resumed = load_latest(tmp_path / "ckpt")
     other = tmp_path / "straight"
     with elastic.Job(100, _tiny(other), stop=elastic.StopFlag()) as job:
@@ -135,6 +135,6 @@ def test_progress_reports_samples_total_for_the_deadline_policy(tmp_path: Path) 
     x, y = torch.randn(100, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (100,), generator=g)
     with elastic.Job(100, _tiny(tmp_path, max_steps=2), stop=elastic.StopFlag()) as job:
         _loop(job, x, y)
-        doc = progress(job)
+        doc = progress(job._engine)
     assert doc["samplesTotal"] == 100 * job.config.epochs
     assert 0 < doc["samplesSeen"] <= doc["samplesTotal"]

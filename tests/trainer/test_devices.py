@@ -20,8 +20,7 @@ from etj_trainer.agent.local_launcher import run_local
 from etj_trainer.checkpoint.store import decode, encode
 from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
-from etj_trainer.core.rng import capture_rng, restore_rng
-from etj_trainer.loop.step import _Undo
+from etj_trainer.core.rng import StepUndo, capture_rng, restore_rng
 
 SRC = Path(devices.__file__).parents[1]  # etj_trainer
 
@@ -127,7 +126,7 @@ def test_bind_on_a_cpu_node_touches_no_cuda(monkeypatch: pytest.MonkeyPatch) -> 
 def test_a_steps_undo_puts_back_every_gpus_generator(monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = FakeCuda(2).install(monkeypatch)
     before = [s.clone() for s in cuda.states]
-    undo = _Undo.capture(None)
+    undo = StepUndo.capture(None)
     cuda.draw()  # the failed attempt's dropout
     undo.restore(None)
     assert all(torch.equal(a, b) for a, b in zip(cuda.states, before, strict=True))
@@ -188,7 +187,7 @@ def test_micro_batches_leave_the_loss_on_the_device(tmp_path: Path) -> None:
                 with copies:
                     step.backward(loss)
             step.optimizer_step()
-    assert job.step == 2 and job.loss == job.loss  # trained, and the committed loss is a number
+    assert job.steps_done == 2 and job.loss == job.loss  # trained, and the committed loss is a number
     assert copies.calls == []
 
 

@@ -9,6 +9,7 @@ sample was trained on exactly once per epoch.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -73,5 +74,53 @@ def test_a_join_is_admitted_in_place(tmp_path: Path, tiny_job_env: TinyJobEnv) -
     result = run_local(2, parse_schedule("15:+1"), env, tmp_path / "logs", timeout_s=600)
     logs = _assert_resized_in_place(result, tmp_path / "logs", [(2, 3)])
     assert "joining the running world in place" in logs and "resizing 2->3 in process" in logs
+    assert result["agentExitCodes"] == [0, 0, 0]
+    _assert_matches_a_fixed_run(env, tmp_path)
+
+
+ATTACKER = """
+import os, sys, time
+from pathlib import Path
+job = Path(sys.argv[1])  # what every pod's spec shows: the store's endpoint and the job's uid
+while not job.exists():
+    time.sleep(0.05)
+os.environ.update(dict(line.split("=", 1) for line in job.read_text().splitlines()))
+os.environ["ETJ_PROGRESS_TOKEN"] = "a-guess"  # not the job's
+from etj_trainer.resize import join
+for k in range(100000):
+    ticket = join.ask(wait_s=5, node=f"evil-{k}")
+    print("ADMITTED" if ticket else "refused", ticket, flush=True)
+    if ticket:
+        break
+    time.sleep(0.2)
+"""
+
+
+@pytest.mark.slow
+def test_a_tokenless_client_queueing_beside_a_join_is_never_admitted(
+    tmp_path: Path, tiny_job_env: TinyJobEnv
+) -> None:
+    """Issue 37, run before the fix: beside `etj-train local --nodes 2 --max-nodes 3`, a process given only
+    the store's endpoint and the job's uid, running the trainer's own ``join.ask``, was admitted as rank 2
+    of 3 and received the job's state. Now it queues all along and is never admitted; the real joiner is,
+    and the job ends as a run without the attacker does."""
+    import subprocess
+    import sys
+
+    env = tiny_job_env(tmp_path, ETJ_CHECKPOINT_DIR=str(tmp_path / "ckpt"), ETJ_MAX_WORKERS="3")
+    logs = tmp_path / "logs"
+    attacker = subprocess.Popen(
+        [sys.executable, "-c", ATTACKER, str(logs / "job.env")],
+        env={k: v for k, v in os.environ.items() if k != "ETJ_PROGRESS_TOKEN"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        result = run_local(2, parse_schedule("15:+1"), env, logs, timeout_s=600)
+    finally:
+        attacker.kill()
+        out, _ = attacker.communicate()
+    assert "refused" in out and "ADMITTED" not in out, out[-2000:]
+    _assert_resized_in_place(result, logs, [(2, 3)])
     assert result["agentExitCodes"] == [0, 0, 0]
     _assert_matches_a_fixed_run(env, tmp_path)

@@ -106,6 +106,7 @@ def test_a_nodes_ranks_are_admitted_together(monkeypatch: pytest.MonkeyPatch) ->
     from datetime import timedelta
 
     from etj_contract import env as etj_env
+    from etj_trainer.core.mac import job_sealer
     from etj_trainer.resize.join import Door, Ticket, ask
 
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(60))
@@ -119,7 +120,7 @@ def test_a_nodes_ranks_are_admitted_together(monkeypatch: pytest.MonkeyPatch) ->
 
     first = threading.Thread(target=joiner, args=(0,))
     first.start()
-    prefix = "etj-join/together"
+    prefix = job_sealer().name("etj-join")
     # rank 0 of the node is in: counted warm (today) or queued (before the fix)
     _until(lambda: master.check([f"{prefix}/warm/pod-b"]) or int(master.add(f"{prefix}/n", 0)) > 0)
     early = door.admit("m", 5, world=2, max_ranks=4)  # a step boundary while rank 1 still warms up

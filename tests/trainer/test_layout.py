@@ -108,3 +108,79 @@ def test_the_size_check_finds_a_long_function() -> None:
     assert oversized(f"def f() -> None:\n{body}\n", "m.py") == [f"m.py:1 f(): {MAX_FUNCTION_LINES + 1} lines"]
     reasoned = f'def f() -> None:\n    """Long because: a test."""\n{body}\n'
     assert oversized(reasoned, "m.py") == []
+
+
+# Narrow views. A layer that reads the one above through a Protocol (docs/architecture.md) reads a few
+# things: a protocol of many members is a god object seen through a keyhole the size of the door.
+MAX_PROTOCOL_MEMBERS = 6
+
+
+def _is_typing_protocol(base: ast.expr) -> bool:
+    """``Protocol``, ``Protocol[T]`` or ``typing.Protocol`` (not asyncio's transport protocols)."""
+    base = base.value if isinstance(base, ast.Subscript) else base
+    if isinstance(base, ast.Attribute):
+        return base.attr == "Protocol" and isinstance(base.value, ast.Name) and base.value.id == "typing"
+    return isinstance(base, ast.Name) and base.id == "Protocol"
+
+
+def wide_protocols(source: str, name: str) -> list[str]:
+    """Every Protocol class in one module with more members (attributes, properties, methods) than allowed."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        if not any(_is_typing_protocol(b) for b in node.bases):
+            continue
+        members = [n for n in node.body if isinstance(n, ast.FunctionDef | ast.AnnAssign)]
+        if len(members) > MAX_PROTOCOL_MEMBERS:
+            found.append(f"{name}:{node.lineno} {node.name}: {len(members)} members")
+    return found
+
+
+def test_no_protocol_has_more_than_a_few_members() -> None:
+    found = [
+        msg for path in sorted(PACKAGE.rglob("*.py")) for msg in wide_protocols(path.read_text(), path.name)
+    ]
+    assert found == [], f"split these into smaller protocols: {found}"
+
+
+def test_the_protocol_check_finds_a_wide_protocol() -> None:
+    body = "\n".join(f"    def m{i}(self) -> int: ..." for i in range(MAX_PROTOCOL_MEMBERS + 1))
+    source = f"from typing import Protocol\n\nclass Host(Protocol):\n{body}\n"
+    assert wide_protocols(source, "m.py") == [f"m.py:3 Host: {MAX_PROTOCOL_MEMBERS + 1} members"]
+    assert wide_protocols(source.replace("(Protocol)", ""), "m.py") == []
+    assert wide_protocols(source.replace("(Protocol)", "(asyncio.Protocol)"), "m.py") == []
+
+
+# The loop is private behind etj_trainer.elastic (pyproject.toml's contracts hold the package itself);
+# the benchmarks and the examples are scripts outside it, so this checks them: the public API only.
+REPO = PACKAGE.parents[2]
+
+
+def loop_imports(source: str) -> list[str]:
+    """The modules under etj_trainer.loop a script imports."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+        found += [n for n in names if n == "etj_trainer.loop" or n.startswith("etj_trainer.loop.")]
+    return found
+
+
+def test_benchmarks_and_examples_use_the_public_loop_api_only() -> None:
+    scripts = [p for d in ("bench", "examples") for p in sorted((REPO / d).rglob("*.py"))]
+    assert scripts, REPO
+    found = {str(p.relative_to(REPO)): m for p in scripts if (m := loop_imports(p.read_text()))}
+    assert found == {}, f"import these from etj_trainer.elastic: {found}"
+
+
+def test_the_public_api_check_finds_an_import_of_the_loop() -> None:
+    assert loop_imports("from etj_trainer.loop.step import Step\nimport etj_trainer.elastic\n") == [
+        "etj_trainer.loop.step"
+    ]
+    assert loop_imports("from etj_trainer.loop import job\n") == ["etj_trainer.loop"]

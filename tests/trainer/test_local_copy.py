@@ -69,7 +69,7 @@ def test_a_failed_step_leaves_the_last_committed_step_in_the_local_copy(
     tiny_cfg: TrainConfig, tmp_path: Path, model: str
 ) -> None:
     """resnet_tiny_w8 has BatchNorm: its running statistics move in the failed step's forward pass and must
-    be rolled back (without _Undo the copy's buffers differ from a clean stop's)."""
+    be rolled back (without the step's undo (StepUndo) the copy's buffers differ from a clean stop's)."""
     cfg = replace(
         tiny_cfg,
         model=model,

@@ -1,11 +1,16 @@
 """The loop API cannot be misused (issue 27 item 5): a mean loss is weighted right or refused, an empty
 share is an empty batch etj builds, a DataLoader follows the world, the config has one precedence order
 that warns when the environment overrides a script's value, and Dynamic SGD comes from the config in one
-call. Tables of named cases for the pure parts; the loops in one process and over two gloo ranks."""
+call. Issue 40: misuse is refused before it trains wrongly (bad keywords through the config's one
+validation, a dataset of another length, a step left early, an optimizer that ignores the config's LR
+warned about), ``step.clip_gradients`` and count-weighted micro-batches. Tables of named cases for the pure
+parts; the loops in one process and over two gloo ranks."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -21,6 +26,7 @@ import torch.nn.functional as F
 
 from etj_trainer import elastic
 from etj_trainer.config import TrainConfig
+from etj_trainer.core import devices
 from etj_trainer.core.sample_log import consumed_per_epoch
 from etj_trainer.loop.loader import emptied
 from etj_trainer.loop.loss import Reduction, detect, summed
@@ -237,7 +243,7 @@ def test_dynamic_sgd_comes_from_the_config_in_one_call(tmp_path: Path) -> None:
     job = elastic.Job(10, cfg, stop=elastic.StopFlag())
     model = job.setup_model(torch.nn.Linear(2, 2))
     opt = job.setup_dynamic_sgd(model.parameters())
-    assert job.optimizer is opt and isinstance(opt, elastic.DynamicSGD)
+    assert job._engine.state.optimizer is opt and isinstance(opt, elastic.DynamicSGD)  # registered
     group = opt.param_groups[0]
     assert (group["base_lr"], group["momentum"], group["nesterov"], group["weight_decay"]) == (
         0.2,
@@ -271,11 +277,11 @@ def _cfg(tmp: Path, **kw: Any) -> TrainConfig:
     )  # fmt: skip
 
 
-def _model(job: elastic.Job) -> elastic.ElasticModule:
+def _model(job: elastic.Job, scaler: torch.amp.GradScaler | None = None) -> elastic.ElasticModule:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
     model = job.setup_model(net)
-    job.setup_dynamic_sgd(model.parameters())
+    job.setup_dynamic_sgd(model.parameters(), scaler)
     return model
 
 
@@ -317,7 +323,7 @@ def test_a_mean_loss_through_a_dataloader_equals_the_summed_loop(tmp_path: Path)
     cfg = _cfg(tmp_path / "loader", sample_log_dir=tmp_path / "log")
     with elastic.Job(49, cfg, stop=elastic.StopFlag()) as job:
         got = train_by_loader(job, data, num_workers=1)
-    assert job.step == 8
+    assert job.steps_done == 8
     _close(got, ref)
     assert {e: sorted(ids) for e, ids in consumed_per_epoch(tmp_path / "log").items()} == {
         0: list(range(49)),
@@ -423,3 +429,276 @@ def test_a_new_membership_opens_a_new_stream_and_closes_the_old() -> None:
     assert [s[:2] for s in opened] == [[[0, 1], [2, 3]], [[4], [5]]] and closed == [1]
     loader.close()
     assert closed == [1, 2]
+
+
+# ---- issue 40: misuse is refused before it trains wrongly --------------------------------------------------
+
+CONFIG_REFUSED: dict[str, tuple[dict[str, str], dict[str, Any], str]] = {
+    # name: (environment, Job keywords, the refusal)
+    "a schedule's typo": ({}, {"lr_schedule": "cosin"}, "lr_schedule='cosin' is not one of constant, step"),
+    "a policy's typo": ({}, {"resize_policy": "Dynamic"}, "resize_policy='Dynamic' is not one of"),
+    "a precision etj has not": ({}, {"precision": "fp8"}, "precision='fp8' is not one of fp32, bf16, fp16"),
+    "a global batch of 0": ({}, {"global_batch_size": 0}, "global_batch_size=0 must be at least 1"),
+    "a negative micro-batch": ({}, {"micro_batch_size": -4}, "micro_batch_size=-4 must be at least 1"),
+    "no epochs": ({}, {"epochs": 0}, "epochs=0 must be at least 1"),
+    "a micro-batch above the global batch": (
+        {},
+        {"global_batch_size": 16, "micro_batch_size": 32},
+        "micro_batch_size=32 must not be greater than global_batch_size=16",
+    ),
+    "the environment's global batch of 0, the same check": (
+        {"ETJ_GLOBAL_BATCH_SIZE": "0"},
+        {},
+        "global_batch_size=0 must be at least 1",
+    ),
+    "the environment's batch below a keyword's micro-batch": (
+        {"ETJ_GLOBAL_BATCH_SIZE": "8"},
+        {"micro_batch_size": 16},
+        "micro_batch_size=16 must not be greater than global_batch_size=8",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_REFUSED)
+def test_a_bad_keyword_is_refused_by_the_configs_one_validation(case: str) -> None:
+    env, keywords, refusal = CONFIG_REFUSED[case]
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        TrainConfig.with_defaults(keywords, env)
+
+
+JOB_REFUSED: dict[str, tuple[int, dict[str, Any], str]] = {
+    # name: (dataset_size, Job keywords, the refusal)
+    "a schedule's typo": (64, {"lr_schedule": "cosin"}, "lr_schedule='cosin' is not one of"),
+    "a global batch of 0": (64, {"global_batch_size": 0}, "global_batch_size=0 must be at least 1"),
+    "a warm-up as long as training": (64, {"warmup_epochs": 1.0}, "warmup_epochs must be in [0, epochs)"),
+    "an empty dataset": (0, {}, "dataset_size=0 must be positive"),
+}
+
+
+@pytest.mark.parametrize("case", JOB_REFUSED)
+def test_job_refuses_bad_input_before_it_binds_a_device_or_joins_a_group(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    size, keywords, refusal = JOB_REFUSED[case]
+
+    def too_late() -> None:
+        raise AssertionError("the config was checked after the rank bound its device")
+
+    monkeypatch.setattr(devices, "bind_this_rank", too_late)  # the first thing Job does with the world
+    with pytest.raises(ValueError, match=re.escape(refusal)):
+        elastic.Job(size, stop=elastic.StopFlag(), **keywords)
+
+
+MICRO_DEFAULT: dict[str, tuple[dict[str, Any], int]] = {
+    "the defaults": ({}, 64),
+    "a small global batch alone is not refused: its micro-batch is the batch": (
+        {"global_batch_size": 16},
+        16,
+    ),
+    "a large global batch: micro-batches of the default 64": ({"global_batch_size": 256}, 64),
+    "a micro-batch given": ({"global_batch_size": 256, "micro_batch_size": 32}, 32),
+}
+
+
+@pytest.mark.parametrize("case", MICRO_DEFAULT)
+def test_an_unset_micro_batch_is_at_most_the_global_batch(case: str) -> None:
+    keywords, micro = MICRO_DEFAULT[case]
+    assert TrainConfig(**keywords).micro_batch_size == micro
+
+
+@pytest.mark.parametrize("size", [32, 80], ids=["fewer than the dataset", "more than the dataset"])
+def test_a_dataset_size_other_than_the_datasets_length_is_refused(tmp_path: Path, size: int) -> None:
+    job = elastic.Job(size, _cfg(tmp_path), stop=elastic.StopFlag())
+    with pytest.raises(
+        ValueError, match=rf"Job\(dataset_size={size}\) but the loader's dataset has 64 samples"
+    ):
+        job.loader(Points(64))
+
+
+def _leave_early(step: elastic.Step, loader: elastic.Loader[Any], model: torch.nn.Module, ran: int) -> None:
+    for i, (x, y) in enumerate(step.batches(loader)):
+        if i == ran:
+            break
+        step.backward(F.cross_entropy(model(x), y))
+
+
+LEFT_EARLY: dict[str, tuple[int, Callable[[elastic.Step], Any]]] = {
+    # name: (micro-batches run of 4, the call that finds out)
+    "a break before the third of 4, then the step": (2, lambda step: step.optimizer_step()),
+    "a break before the last of 4, then clipping": (3, lambda step: step.clip_gradients(1.0)),
+    "no micro-batch read at all": (0, lambda step: step.optimizer_step()),
+}
+
+
+@pytest.mark.parametrize("case", LEFT_EARLY)
+def test_a_step_whose_micro_batches_did_not_all_run_is_refused(tmp_path: Path, case: str) -> None:
+    """Global batch 16 in micro-batches of at most 5: 4 of 4 samples. Leaving ``step.batches`` early used
+    to commit the step (DDP syncs only in the last micro-batch's backward) and shift the loader's stream."""
+    ran, call = LEFT_EARLY[case]
+    job = elastic.Job(49, _cfg(tmp_path), stop=elastic.StopFlag())
+    model = _model(job)
+    loader = job.loader(Points(49))
+    with pytest.raises(RuntimeError, match=rf"only {ran} of 4 micro-batches of step 1 ran"), job:
+        for step in job.steps():
+            _leave_early(step, loader, model, ran)
+            call(step)
+    assert job.steps_done == 0
+
+
+OWN_OPTIMIZER: dict[str, tuple[dict[str, Any], Callable[[Any], torch.optim.Optimizer], str | None]] = {
+    # name: (config fields, the optimizer, what is warned about; None: nothing)
+    "a schedule it does not follow": (
+        {"lr": 0.05, "lr_schedule": "cosine"},
+        lambda params: torch.optim.SGD(params, lr=0.05),
+        "lr_schedule='cosine', warmup_epochs=0.0",
+    ),
+    "a warm-up it does not follow": (
+        {"warmup_epochs": 0.5},
+        lambda params: torch.optim.SGD(params, lr=0.05),
+        "lr_schedule='constant', warmup_epochs=0.5",
+    ),
+    "an lr set, and another of its own": (
+        {"lr": 0.1},
+        lambda params: torch.optim.AdamW(params, lr=1e-3),
+        "lr=0.1 (the optimizer's: 0.001)",
+    ),
+    "the config's lr followed": ({"lr": 0.1}, lambda params: torch.optim.SGD(params, lr=0.1), None),
+    "no lr set, its own": ({}, lambda params: torch.optim.AdamW(params, lr=1e-3), None),
+    "setup_dynamic_sgd's, which follows both": (
+        {"lr": 0.1, "lr_schedule": "cosine"},
+        lambda params: elastic.DynamicSGD(params, lr=0.1, ramp_steps=10),
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", OWN_OPTIMIZER)
+def test_an_optimizer_of_its_own_that_ignores_the_configs_lr_is_warned_about(
+    tmp_path: Path, case: str
+) -> None:
+    fields, make, warned = OWN_OPTIMIZER[case]
+    cfg = TrainConfig(checkpoint_dir=None, local_checkpoint_dir=tmp_path, epochs=2, **fields)
+    job = elastic.Job(10, cfg, stop=elastic.StopFlag())
+    model = job.setup_model(torch.nn.Linear(2, 2))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        job.setup_optimizer(make(model.parameters()))
+    said = [str(w.message) for w in seen if issubclass(w.category, elastic.ConfigIgnored)]
+    assert len(said) == (warned is not None), said
+    if warned is not None:
+        assert warned in said[0] and "is not applied to this optimizer" in said[0]
+
+
+# ---- issue 40: clipping and count-weighted micro-batches ---------------------------------------------------
+
+
+def _one_step(
+    job: elastic.Job, data: Points, max_norm: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One step of the DataLoader loop, clipped; the norm it returned and the weights after it."""
+    fp16 = job.config.precision == "fp16"
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if fp16 else None
+    model = _model(job, scaler)
+    loader = job.loader(data)
+    norm = torch.tensor(math.nan)
+    for step in job.steps():
+        for x, y in step.batches(loader):
+            step.backward(F.cross_entropy(model(x), y))
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        norm = step.clip_gradients(max_norm)
+        scale = scaler.get_scale() if scaler is not None else 1.0
+        torch.testing.assert_close(
+            norm, torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) / scale
+        )
+        step.optimizer_step()
+    return norm, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_clip_gradients_returns_the_norm_and_clips_the_same_under_a_grad_scaler(tmp_path: Path) -> None:
+    """One step clipped to a tenth of its norm: the norm is the unscaled gradients', and a GradScaler run
+    (gradients scaled by 2**10 until the optimizer step) clips to the same weights, bit for bit."""
+    data = Points(49)
+    with elastic.Job(49, _cfg(tmp_path / "free", max_steps=1), stop=elastic.StopFlag()) as job:
+        unclipped, _ = _one_step(job, data, math.inf)
+    with elastic.Job(49, _cfg(tmp_path / "fp32", max_steps=1), stop=elastic.StopFlag()) as job:
+        norm, clipped = _one_step(job, data, float(unclipped) / 10)
+    cfg = _cfg(tmp_path / "scaled", max_steps=1, precision="fp16")
+    with elastic.Job(49, cfg, stop=elastic.StopFlag()) as job:
+        scaled_norm, scaled = _one_step(job, data, float(unclipped) / 10)
+    assert float(norm) == float(unclipped) == float(scaled_norm)
+    assert clipped.keys() == scaled.keys()
+    for k in clipped:
+        assert torch.equal(clipped[k], scaled[k]), k
+
+
+class Tokens(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Sequences of 1 to 6 tokens padded to 6 (label -100: ignored by cross_entropy)."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, 6, 4, generator=g, dtype=torch.float64)
+        lengths = torch.randint(1, 7, (n,), generator=g)
+        self.y = torch.randint(0, 3, (n, 6), generator=g)
+        self.y[torch.arange(6) >= lengths[:, None]] = -100
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def _token_mean(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())  # the mean over the tokens not ignored
+
+
+def test_a_micro_batch_weighted_by_its_token_count_gives_the_global_batchs_token_mean(tmp_path: Path) -> None:
+    """Per-token mean losses over padded sequences, in 4 micro-batches: with ``count=`` tokens the step's
+    gradient and loss are the token mean over the whole global batch (the reference: one backward over
+    the step's 16 sequences); per sample (the default) they are not -- each sequence weighs the same."""
+    data = Tokens(49)
+
+    Run = tuple[elastic.Job, elastic.ElasticModule, dict[str, torch.Tensor], np.ndarray]
+
+    def run(by_tokens: bool) -> Run:
+        cfg = _cfg(tmp_path / str(by_tokens), max_steps=1)
+        with elastic.Job(49, cfg, stop=elastic.StopFlag()) as job:
+            model = _model(job)
+            start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            loader = job.loader(data)
+            for step in job.steps():
+                indices = step.indices
+                for x, y in step.batches(loader):
+                    tokens = int((y != -100).sum())
+                    step.backward(_token_mean(model, x, y), count=tokens if by_tokens else None)
+                step.optimizer_step()
+        return job, model, start, indices
+
+    job, model, start, indices = run(by_tokens=True)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
+    ref.load_state_dict(start)
+    ids = torch.from_numpy(indices)
+    loss = _token_mean(ref, data.x[ids], data.y[ids])
+    loss.backward()
+    want = {k: start[k] - 0.1 * p.grad for k, p in ref.named_parameters()}  # the first step: momentum is 0
+    _close({k: v for k, v in model.state_dict().items()}, want)
+    assert job.loss == pytest.approx(float(loss.detach()), rel=1e-12)
+
+    per_sample, _, _, _ = run(by_tokens=False)
+    assert per_sample.loss != pytest.approx(float(loss.detach()), rel=1e-6)
+
+
+def test_a_step_weighted_by_counts_and_by_samples_at_once_is_refused(tmp_path: Path) -> None:
+    job = elastic.Job(49, _cfg(tmp_path), stop=elastic.StopFlag())
+    model = _model(job)
+    loader = job.loader(Tokens(49))
+    with (
+        pytest.raises(
+            ValueError, match=re.escape("weighted all by backward(count=...) or all by their samples")
+        ),
+        job,
+    ):
+        for step in job.steps():
+            for i, (x, y) in enumerate(step.batches(loader)):
+                step.backward(_token_mean(model, x, y), count=int((y != -100).sum()) if i == 0 else None)
+            step.optimizer_step()

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.trainer.s3server import S3Server, s3_server
 
-from etj_trainer.checkpoint.object_store import ObjectDir, S3Location, client_from_env
+from etj_trainer.checkpoint.object_store import ObjectDir, S3Location
 from etj_trainer.checkpoint.store import CheckpointStore, encode
 from etj_trainer.resize.state_sync import agree_on_checkpoint
 
@@ -111,16 +111,6 @@ def test_a_world_restores_with_at_most_one_download(s3: S3Server, tmp_path: Path
         downloads = tmp_path / case / "downloads"
         lines = downloads.read_text().splitlines() if downloads.exists() else []
         assert len(lines) == want_downloads and all(x.startswith("0 ") for x in lines), (case, lines)
-
-
-def test_an_unreachable_store_does_not_stop_a_restore_from_the_local_copy(tmp_path: Path) -> None:
-    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
-    store = CheckpointStore(
-        None, tmp_path / "local", shared_objects=ObjectDir("s3://etj/x", client_from_env(env))
-    )
-    store.save(_state(5), 5, shared=False)
-    latest = store.latest()
-    assert latest is not None and latest.step == 5
 
 
 TRAIN = ["--data", "digits-tensor", "--model", "etj_trainer.classifier.models:tiny_mlp", "--epochs", "50",

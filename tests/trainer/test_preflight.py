@@ -4,8 +4,10 @@ in the worker with ``ValueError: dataset_size must be positive``."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -27,8 +29,41 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, str]]]] = {
     "an unreadable data folder": ({"ETJ_DATA": "{tmp}/locked"}, [("ETJ_DATA", "not readable")]),
     "a data file that is not a .tar": ({"ETJ_DATA": "{tmp}/notes.txt"}, [("ETJ_DATA", "not a .tar")]),
     "a folder and a bad validation path": (
-        {"ETJ_DATA": "{tmp}", "ETJ_VAL_DATA": "{tmp}/val-nowhere"},
+        {"ETJ_DATA": "{tmp}/good", "ETJ_VAL_DATA": "{tmp}/val-nowhere"},
         [("ETJ_VAL_DATA", "val-nowhere: no such file")],
+    ),
+    # issue 37 item 5: no samples at all used to pass and crash-loop on "dataset_size must be positive"
+    "a folder tree with images": ({"ETJ_DATA": "{tmp}/good"}, []),
+    "a parent folder with train/ and val/": ({"ETJ_DATA": "{tmp}/split", "ETJ_VAL_DATA": "{tmp}/split"}, []),
+    "a tar with images": ({"ETJ_DATA": "{tmp}/good.tar"}, []),
+    "empty class folders": (
+        {"ETJ_DATA": "{tmp}/empty-classes"},
+        [("ETJ_DATA", "{tmp}/empty-classes: no images (.jpg, .jpeg, .png) in its 2 class folders")],
+    ),
+    "an empty train split": (
+        {"ETJ_DATA": "{tmp}/empty-split"},
+        [("ETJ_DATA", "{tmp}/empty-split/train: no images")],
+    ),
+    "an empty validation split": (
+        {"ETJ_DATA": "{tmp}/good", "ETJ_VAL_DATA": "{tmp}/empty-split"},
+        [("ETJ_VAL_DATA", "{tmp}/empty-split/val: no images")],
+    ),
+    "a folder of non-images, no class folders": (
+        {"ETJ_DATA": "{tmp}/flat"},
+        [("ETJ_DATA", "{tmp}/flat: no class folders")],
+    ),
+    "class folders of non-images": (
+        {"ETJ_DATA": "{tmp}/text-classes"},
+        [("ETJ_DATA", "{tmp}/text-classes: no images (.jpg, .jpeg, .png) in its 1 class folders")],
+    ),
+    "an empty tar": ({"ETJ_DATA": "{tmp}/empty.tar"}, [("ETJ_DATA", "{tmp}/empty.tar: a tar with no image")]),
+    "a tar of non-images": (
+        {"ETJ_DATA": "{tmp}/text.tar"},
+        [("ETJ_DATA", "{tmp}/text.tar: a tar with no image")],
+    ),
+    "a .tar that is not a tar": (
+        {"ETJ_DATA": "{tmp}/fake.tar"},
+        [("ETJ_DATA", "{tmp}/fake.tar: not a readable tar")],
     ),
     "synthetic data of a bad size": ({"ETJ_DATA": "synthetic-tensor:many"}, [("ETJ_DATA", "N must be")]),
     "a model module that does not import": (
@@ -59,8 +94,7 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, str]]]] = {
 @pytest.mark.parametrize("case", CASES)
 def test_each_bad_input_is_named(case: str, deep: bool, tmp_path: Path) -> None:
     settings, expected = CASES[case]
-    (tmp_path / "locked").mkdir(mode=0o000)
-    (tmp_path / "notes.txt").write_text("not data")
+    _make_data_sets(tmp_path)
     env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in settings.items()}
     if os.geteuid() == 0 and case == "an unreadable data folder":
         pytest.skip("root reads every folder")
@@ -68,6 +102,39 @@ def test_each_bad_input_is_named(case: str, deep: bool, tmp_path: Path) -> None:
     assert [name for name, _ in found] == [name for name, _ in expected], found
     for (_, problem), (_, says) in zip(found, expected, strict=True):
         assert says.replace("{tmp}", str(tmp_path)) in problem
+
+
+def _tar(path: Path, members: dict[str, bytes]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _make_data_sets(tmp: Path) -> None:
+    """The data sets CASES name under ``{tmp}`` (preflight reads names, not pixels: stand-in bytes)."""
+    (tmp / "locked").mkdir(mode=0o000)
+    (tmp / "notes.txt").write_text("not data")
+    files = {
+        "good/cat/a.jpg": "jpeg",
+        "good/dog/b.PNG": "png",
+        "split/train/cat/a.jpg": "jpeg",
+        "split/val/cat/b.jpeg": "jpeg",
+        "empty-split/train/cat/README": "no image",
+        "empty-split/val/cat/README": "no image",
+        "flat/a.txt": "text",
+        "text-classes/cat/a.txt": "text",
+        "fake.tar": "not a tar",
+    }
+    for name, text in files.items():
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_text(text)
+    for d in ("empty-classes/cat", "empty-classes/dog"):
+        (tmp / d).mkdir(parents=True)
+    _tar(tmp / "good.tar", {"0.jpg": b"jpeg", "0.cls": b"3"})
+    _tar(tmp / "empty.tar", {})
+    _tar(tmp / "text.tar", {"0.txt": b"text", "0.cls": b"3"})
 
 
 @pytest.fixture

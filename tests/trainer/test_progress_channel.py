@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from etj_trainer.core.progress import ProgressReporter, get_json, post_json
-from etj_trainer.service.store_server import ProgressState, make_http_server
+from etj_trainer.service.store_http import ProgressState, make_http_server
 
 
 @pytest.fixture

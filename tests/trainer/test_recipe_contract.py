@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from etj_operator.api.models import TrainingSpec
-from etj_operator.decide.pod_env import recipe_env
+from etj_operator.decide.objects.pod_env import recipe_env
 from etj_trainer import cli
 from etj_trainer.batching.schedule import LrSchedule, ScheduleType
 from etj_trainer.config import TrainConfig

@@ -34,7 +34,7 @@ from etj_trainer.agent.rendezvous import make_rendezvous_handler
 from etj_trainer.agent.sealed_rendezvous import NULL_SENTINEL, SealedC10dBackend, seal, state_key, unseal
 from etj_trainer.core.progress import get_json, post_json
 from etj_trainer.resize import bounds
-from etj_trainer.service.store_server import ProgressState, make_http_server
+from etj_trainer.service.store_http import ProgressState, make_http_server
 
 TOKEN = "the-jobs-token"
 RUN_ID = "0f3c-job-uid"  # ETJ_RDZV_ID: in every pod's environment, so known to an attacker
@@ -274,8 +274,9 @@ def test_the_poll_server_caps_its_tcpstore_connections_and_serves_on() -> None:
 
 
 def test_the_http_endpoint_caps_its_connections() -> None:
-    """Idle connections past the cap get no thread each; once they go, requests are served."""
-    httpd = make_http_server("127.0.0.1", 0, ProgressState(), TOKEN, max_connections=4)
+    """Idle connections past the cap get no thread each (the oldest are dropped for the newest, issue 37);
+    once they go, requests are served."""
+    httpd = make_http_server("127.0.0.1", 0, ProgressState(), TOKEN, max_connections=4, max_pending=4)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     port = httpd.server_address[1]
     before = threading.active_count()

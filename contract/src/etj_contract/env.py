@@ -158,6 +158,15 @@ CHECKPOINT_KEEP = _var(
     flag=True,
     set_by=OP,
 )
+CHECKPOINT_MAX_FAILED_WRITES = _var(
+    "CHECKPOINT_MAX_FAILED_WRITES",
+    int,
+    "shared checkpoint writes that may fail in a row while training goes on with node-local copies; one "
+    "more and the job stops with the error (spec.checkpoint.maxFailedWrites)",
+    field="checkpoint_max_failed_writes",
+    flag=True,
+    set_by=OP,
+)
 TERMINATION_GRACE_SECONDS = _var(
     "TERMINATION_GRACE_SECONDS",
     int,
@@ -315,6 +324,14 @@ LOCAL_SNAPSHOT_INTERVAL_S = _var(
     float,
     "seconds between background snapshots of the local copy (bounds the loss on a SIGKILL; default 60)",
     field="local_snapshot_interval_s",
+)
+CHECKPOINT_STORE_TIMEOUT_S = _var(
+    "CHECKPOINT_STORE_TIMEOUT_S",
+    float,
+    "seconds a restore retries a checkpoint store it cannot list or read before it fails with the error "
+    "(never 'no checkpoint'; default 120)",
+    field="checkpoint_store_timeout_s",
+    flag=True,
 )
 SCRIPT = _var(
     "SCRIPT",

@@ -31,7 +31,7 @@ from typing import Any, TypeGuard
 
 PROGRESS_PATH = "/progress"
 # How long a finishing rank 0 retries its final report; the operator waits longer than this for it before
-# marking the job Succeeded without it (plan_model.FINAL_REPORT_GRACE).
+# marking the job Succeeded without it (etj_operator decide/plan/model.py FINAL_REPORT_GRACE).
 FINAL_REPORT_DEADLINE_S = 60.0
 MAX_RESIZES = 100
 # The store's HTTP endpoint answers only requests carrying the job's token (ETJ_PROGRESS_TOKEN, from the
@@ -123,10 +123,11 @@ _WIRE = {
     "lr_multiplier": "lrMultiplier",
     "lr": "lr",
     "accuracy": "accuracy",
+    "failed_writes": "failedWrites",
 }
 _INTS = frozenset(
     {"epoch", "step", "samples_seen", "samples_total", "world_size", "per_rank_batch", "per_worker_batch"}
-    | {"accumulation_steps"}
+    | {"accumulation_steps", "failed_writes"}
 )
 
 
@@ -148,7 +149,11 @@ class ProgressDoc:
     accumulation_steps: int | None = None  # micro-batches of the largest rank's share
     lr_multiplier: float | None = None
     lr: float | None = None  # the LR in force: base x schedule factor (samples seen) x lr_multiplier
-    last_checkpoint: dict[str, Any] | None = None  # {step, path, time}
+    last_checkpoint: dict[str, Any] | None = None  # {step, path, time}: a shared write confirmed done
+    # While writes of the shared checkpoint fail: how many in a row, and the newest one's error (the
+    # operator's CheckpointDurable condition). Unset again once one is written.
+    failed_writes: int | None = None
+    checkpoint_error: str | None = None
     resizes: tuple[ResizeRecord, ...] = field(default_factory=tuple)
     finished: bool = False
     accuracy: float | None = None  # at the end, on the validation set
@@ -172,6 +177,8 @@ class ProgressDoc:
         out["finished"] = self.finished
         if self.last_error is not None:
             out["lastError"] = self.last_error
+        if self.checkpoint_error is not None:
+            out["checkpointError"] = self.checkpoint_error
         if self.crashes is not None:
             out["crashes"] = self.crashes
         if self.crash:
@@ -200,6 +207,9 @@ class ProgressDoc:
         error = raw.get("lastError")
         if isinstance(error, str) and error.strip():
             values["last_error"] = error.strip().splitlines()[-1][:MAX_ERROR_CHARS]
+        ckpt_error = raw.get("checkpointError")
+        if isinstance(ckpt_error, str) and ckpt_error.strip():
+            values["checkpoint_error"] = ckpt_error.strip()[:MAX_ERROR_CHARS]
         crashes = raw.get("crashes")
         if _count(crashes):
             values["crashes"] = crashes

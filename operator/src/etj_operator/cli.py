@@ -45,10 +45,17 @@ def _crd(rest: list[str]) -> int:
     return crd_main(rest)
 
 
+def _check(rest: list[str]) -> int:
+    from etj_operator.k8s.netpol_check import main as check_main
+
+    return check_main(rest)
+
+
 BUILTIN: dict[str, tuple[Command, str, str]] = {
     # name: (command, the sub-action it accepts and drops, help)
     "operator": (_operator, "run", "run the operator: `etj operator run [--namespace NS] ...`"),
     "crd": (_crd, "generate", "`etj crd generate`: write crds/ from the pydantic models"),
+    "check": (_check, "network-policy", "`etj check network-policy -n NS JOB`: is NetworkPolicy enforced?"),
 }
 
 

@@ -16,7 +16,7 @@ LABEL_SLOT = f"{GROUP}/slot"
 LABEL_CAPACITY = f"{GROUP}/capacity"
 # A store pod's index (its name's suffix). The job's Service selects one index: the serving store. A store
 # moving off a drained node starts under a new index, outside the Service, and is switched in once Ready
-# (decide/store_move.py).
+# (decide/plan/store_move.py).
 LABEL_STORE = f"{GROUP}/store"
 # The nodes a worker pod was created to avoid (comma-separated; status.avoidedNodes then): a Pending pod whose
 # list names a node no longer avoided is recreated, or it would wait for ever off a node it may use again.

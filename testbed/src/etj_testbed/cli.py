@@ -58,6 +58,55 @@ def cluster(argv: list[str]) -> int:
         return 130
 
 
+def _kueue_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="etj kueue", description="Kueue's controller on the local cluster (docs/kueue.md)"
+    )
+    parser.add_argument("action", choices=["build", "up", "down", "status"])
+    parser.add_argument("--name", default=None, help="cluster name (default $ETJ_CLUSTER_NAME or 'etj')")
+    parser.add_argument(
+        "--namespace-label", default=None, help="up: manage Jobs and Pods only in namespaces with KEY=VALUE"
+    )
+    parser.add_argument(
+        "--feature-gates", default="", help="up: Kueue feature gates, e.g. ElasticJobsViaWorkloadSlices=true"
+    )
+    return parser
+
+
+def kueue(argv: list[str]) -> int:
+    """Kueue's controller on the local cluster: build (cached), up, down, status"""
+    from etj_testbed.localcluster import kueue_build
+    from etj_testbed.localcluster.cluster import LocalCluster
+    from etj_testbed.localcluster.kueue import LocalKueue
+
+    args = _kueue_parser().parse_args(argv)
+    gates = {
+        k.strip(): v.strip().lower() == "true"
+        for k, _, v in (g.partition("=") for g in args.feature_gates.split(",") if g.strip())
+    }
+    try:
+        if args.action == "build":
+            print(kueue_build.ensure_built())
+            return 0
+        cluster = LocalCluster.named(args.name)
+        local = LocalKueue(cluster.layout, args.namespace_label, gates or None)
+        if args.action == "up":
+            if not cluster.healthy():
+                raise ClusterError("the local cluster is not running; `etj cluster up` first")
+            timings = local.up()
+            print(f"kueue ready ({', '.join(f'{k} {v:.1f}s' for k, v in timings.items())})", file=sys.stderr)
+            print(cluster.layout.kubeconfig)
+        elif args.action == "down":
+            local.down()
+            print("kueue stopped", file=sys.stderr)
+        else:
+            print(json.dumps({"built": kueue_build.is_built(), "running": local.healthy()}, indent=2))
+        return 0
+    except ClusterError as exc:
+        print(f"etj: error: {exc}", file=sys.stderr)
+        return 1
+
+
 def demo(argv: list[str]) -> int:
     """the end-to-end spot-interruption demo on the local cluster"""
     from etj_testbed.demo.main import run_demo
@@ -65,7 +114,7 @@ def demo(argv: list[str]) -> int:
     return run_demo(argv)
 
 
-COMMANDS = {"cluster": cluster, "demo": demo}
+COMMANDS = {"cluster": cluster, "kueue": kueue, "demo": demo}
 
 
 def main(argv: list[str] | None = None) -> int:

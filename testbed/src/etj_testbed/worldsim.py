@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -88,6 +89,13 @@ def _rank_main(
         Path(out_dir, f"rank{rank}.done").write_text(f"{result.step} {result.loss} {result.world_size}\n")
     finally:
         dist.destroy_process_group()
+    # The rank's result is its done file, written above. Leave without the interpreter's teardown: once, on
+    # a loaded CI machine, a rank that had trained to the end aborted there ("terminate called without an
+    # active exception", a C++ thread object destroyed while still joinable: torch 2.14 keeps a reference
+    # to the gloo group past destroy_process_group, see resize/group_sockets.py) and failed the reference run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_world(
@@ -124,7 +132,11 @@ def run_world(
             r for r in range(world_size) if r not in killed and not Path(tmp, f"rank{r}.done").exists()
         ]
         if failed or missing:
-            raise RuntimeError(f"ranks {sorted(set(failed) | set(missing))} did not finish")
+            codes = {r: p.exitcode for r, p in enumerate(procs)}
+            raise RuntimeError(
+                f"ranks {sorted(set(failed) | set(missing))} did not finish "
+                f"(exit codes {codes}, no done file from {missing})"
+            )
         return [
             "killed" if r in killed else Path(tmp, f"rank{r}.done").read_text().strip()
             for r in range(world_size)

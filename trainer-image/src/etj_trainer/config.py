@@ -6,13 +6,30 @@ import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from etj_contract import env as etj_env
 from etj_trainer.batching.plan import ResizePolicy
 from etj_trainer.batching.schedule import LrSchedule, ScheduleType
 from etj_trainer.data.augment import Augmentation
+
+E = TypeVar("E", bound=StrEnum)
+DEFAULT_MICRO_BATCH = 64  # micro_batch_size when unset (0), capped at the global batch
+# The counts a config must hold, with their least value (the CRD's bounds, etj_operator/api/models.py):
+# a 0 or negative size used to fail deep in the sampler, after the process group and the restore.
+AT_LEAST = {
+    "global_batch_size": 1,
+    "micro_batch_size": 1,
+    "epochs": 1,
+    "min_workers": 1,
+    "procs_per_worker": 1,
+    "max_steps": 0,
+    "checkpoint_interval_steps": 0,
+    "checkpoint_max_failed_writes": 0,
+    "checkpoint_store_timeout_s": 0,
+}
 
 
 @dataclass
@@ -23,7 +40,10 @@ class TrainConfig:
     num_classes: int = 10
     image_size: int = 32
     global_batch_size: int = 64
-    micro_batch_size: int = 64
+    # 0 (unset): the global batch, at most DEFAULT_MICRO_BATCH -- a script setting only a small global
+    # batch is not refused for the default being larger (same micro-batches: a rank's share is at most
+    # the global batch); one given larger than the global batch is refused, as the CRD does
+    micro_batch_size: int = 0
     resize_policy: ResizePolicy = ResizePolicy.FIXED_GLOBAL_BATCH
     dsgd_ramp_steps: int = 100
     min_workers: int = 1  # pods (replicas.min); batches and the regroup minimum count ranks: min_ranks
@@ -56,6 +76,10 @@ class TrainConfig:
         None  # s3://bucket/prefix: the shared copy goes there instead (object_store.py)
     )
     checkpoint_keep: int = 3
+    # Shared writes that may fail in a row (training goes on with node-local copies) before the job stops
+    # with the error; and how long a restore retries a store it cannot read (checkpoint/retry.py).
+    checkpoint_max_failed_writes: int = 3
+    checkpoint_store_timeout_s: float = 120.0
     checkpoint_interval_steps: int = 100
     # node-local copy, e.g. /dev/shm/etj-<job>: written when the process stops, and snapshotted in the
     # background every local_snapshot_interval_s (checkpoint.StateWriter)
@@ -78,12 +102,25 @@ class TrainConfig:
         return max(self.min_step_seconds, rank_samples / rate if rate > 0 else 0.0)
 
     def __post_init__(self) -> None:
+        """The one validation of a config, from the environment, ``Job`` keywords or built directly: a
+        value that is not one of a setting's choices, a size below its least, a micro-batch larger than
+        the global batch are refused here, before any process group or collective."""
         # The environment gives text; the contract module is standard-library only.
-        self.resize_policy = ResizePolicy(self.resize_policy)
-        self.lr_schedule = ScheduleType(self.lr_schedule)
-        self.augment = Augmentation(self.augment)
+        self.resize_policy = _one_of("resize_policy", ResizePolicy, self.resize_policy)
+        self.lr_schedule = _one_of("lr_schedule", ScheduleType, self.lr_schedule)
+        self.augment = _one_of("augment", Augmentation, self.augment)
         if self.precision not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"precision must be fp32, bf16 or fp16, not {self.precision!r}")
+            raise ValueError(f"precision={self.precision!r} is not one of fp32, bf16, fp16")
+        if self.micro_batch_size == 0:
+            self.micro_batch_size = min(DEFAULT_MICRO_BATCH, self.global_batch_size)
+        for name, least in AT_LEAST.items():
+            if getattr(self, name) < least:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be at least {least}")
+        if self.micro_batch_size > self.global_batch_size:
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size} must not be greater than "
+                f"global_batch_size={self.global_batch_size}"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> TrainConfig:
@@ -101,14 +138,19 @@ class TrainConfig:
         if "procs_per_worker" not in values and e.get("LOCAL_WORLD_SIZE"):
             # Under a plain `torchrun --nproc-per-node N` (no etj agent): its processes per node.
             values["procs_per_worker"] = int(e["LOCAL_WORLD_SIZE"])
-        cfg = cls(**values)
+        # The overrides go through the constructor's checks with the rest: set afterwards, a typo
+        # (lr_schedule="cosin") used to train on another schedule.
+        cfg = cls(**{**values, **overrides})
         rdzv_id = etj_env.RDZV_ID.read(e)
-        if cfg.local_checkpoint_dir is None and rdzv_id is not None and Path("/dev/shm").is_dir():
+        if (
+            cfg.local_checkpoint_dir is None
+            and "local_checkpoint_dir" not in overrides
+            and rdzv_id is not None
+            and Path("/dev/shm").is_dir()
+        ):
             # Per job run (the rendezvous id is the job uid): /dev/shm is shared by every process of the pod
             # (and of the laptop); without a run id a stale copy from another run could be picked up.
             cfg.local_checkpoint_dir = Path("/dev/shm") / f"etj-{cfg.job_name}-{rdzv_id}"
-        for k, val in overrides.items():
-            setattr(cfg, k, val)
         return cfg
 
     @classmethod
@@ -147,6 +189,29 @@ class TrainConfig:
             power=self.lr_power,
             final_lr_fraction=self.lr_final_fraction,
         )
+
+
+def _one_of(name: str, kind: type[E], value: str) -> E:
+    """``value`` as a member of ``kind``, or a ValueError naming the setting and its choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(m.value for m in kind)}") from None
+
+
+class ConfigIgnored(UserWarning):
+    """A config setting that the script's own optimizer (not ``job.setup_dynamic_sgd``'s) does not follow."""
+
+
+def ignored_by_own_optimizer(cfg: TrainConfig, optimizer_lr: float) -> list[str]:
+    """The LR settings of ``cfg`` an optimizer built by the script itself does not follow: the schedule
+    (etj applies it to ``DynamicSGD`` only), and an ``lr`` set (not the default) other than its own."""
+    ignored = []
+    if cfg.lr_schedule != ScheduleType.CONSTANT or cfg.warmup_epochs > 0:
+        ignored.append(f"lr_schedule={cfg.lr_schedule.value!r}, warmup_epochs={cfg.warmup_epochs}")
+    if cfg.lr != TrainConfig.lr and cfg.lr != optimizer_lr:
+        ignored.append(f"lr={cfg.lr} (the optimizer's: {optimizer_lr})")
+    return ignored
 
 
 class ConfigOverridden(UserWarning):

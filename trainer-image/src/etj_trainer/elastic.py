@@ -19,10 +19,13 @@ What etj guarantees for such a loop (the built-in trainer, ``classifier/trainer.
   once, on the last micro-batch. ``step.backward`` takes the micro-batch's mean, sum or per-sample losses
   (which one is read from the graph where certain, else given as ``reduction=``, else refused: loop/loss.py)
   and weights it so that the all-reduced gradient is the mean over the global batch, whatever the split
-  (batching/plan.py). An empty share is an empty batch etj builds (``job.loader``).
+  (batching/plan.py). An empty share is an empty batch etj builds (``job.loader``). ``backward(loss,
+  count=n)`` weighs a micro-batch by a count of its own (tokens) instead: the mean over the global batch's
+  counts. A step whose micro-batches did not all run is refused; ``step.clip_gradients`` clips (fp16 too).
 * **One config precedence**: ``Job(config=...)`` as given; else the ``ETJ_*`` environment over ``Job``'s
   keywords over ``TrainConfig``'s defaults, with a ``ConfigOverridden`` warning when the environment
-  overrides a keyword.
+  overrides a keyword; keywords and environment alike pass ``TrainConfig``'s one validation before any
+  collective (choices, sizes, micro-batch at most the global batch).
 * **Loaders that follow the world** (loop/loader.py): ``job.loader`` opens a ``DataLoader`` (or your own
   stream) per membership on exactly this rank's micro-batches, and drops its read-ahead on a resize.
 * **Exactly-once sampling** of ``range(dataset_size)``: a ``(seed, epoch)`` permutation read from one
@@ -53,7 +56,8 @@ way out: survivors of a crash lose at most the step in progress either way. Coll
 inside a step are outside this: their failure goes up as an error (the restart path).
 
 This module is the API's public face and reference; the code lives in the subpackages (docs/architecture.md):
-``Job`` (loop/job.py: the loop, its state, checkpoints and failures), ``Step``, ``ElasticModule`` and
+``Job`` (loop/job.py: the documented calls only, over loop/_engine.py's engine -- the loop, its step
+boundary, checkpoints and failures -- and loop/_state.py's trained state), ``Step``, ``ElasticModule`` and
 ``Membership`` (loop/step.py), ``Loader`` (loop/loader.py), the loss weighting (loop/loss.py), the
 in-process resizes (resize/inplace.py), the reports to the operator (loop/report.py), and who this process
 is (core/world.py).
@@ -62,7 +66,7 @@ is (core/world.py).
 from __future__ import annotations
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
-from etj_trainer.config import ConfigOverridden, TrainConfig
+from etj_trainer.config import ConfigIgnored, ConfigOverridden, TrainConfig
 from etj_trainer.core.world import StopFlag
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop.job import Job, last_job
@@ -71,6 +75,7 @@ from etj_trainer.loop.loss import Reduction
 from etj_trainer.loop.step import ElasticModule, Membership, Step
 
 __all__ = [
+    "ConfigIgnored",
     "ConfigOverridden",
     "DynamicSGD",
     "ElasticModule",

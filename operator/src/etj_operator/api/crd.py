@@ -180,6 +180,16 @@ def openapi_schema() -> dict[str, Any]:
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Lifecycle phase."},
     {
+        # The Ready condition's reason: MinWorkersRunning, WaitingForWorkers, or what holds the job back
+        # (ImagePullBackOff, Unschedulable, CreateContainerConfigError: decide/failures/start_blocks.py),
+        # also once
+        # that has failed it. One word; `kubectl describe` has the kubelet's or scheduler's message.
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "description": "Why the job is or is not Ready (the Ready condition's reason).",
+    },
+    {
         "name": "Workers",
         "type": "string",
         "jsonPath": ".status.workers",

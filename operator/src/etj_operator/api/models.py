@@ -285,6 +285,14 @@ class CheckpointSpec(ApiModel):
         default=500, ge=1, le=10_000_000, description="Checkpoint every N optimizer steps."
     )
     keep: int = Field(default=3, ge=1, le=100, description="Number of most recent checkpoints kept.")
+    max_failed_writes: int = Field(
+        default=3,
+        ge=0,
+        le=1000,
+        description="Writes of the shared checkpoint (pvc or uri) that may fail in a row while training "
+        "goes on with node-local copies (condition CheckpointDurable=False, a Warning Event); one more and "
+        "the workers stop with the error. 0: stop at the first failed write.",
+    )
     # No onInterruption switch: a worker told to stop always writes its just-in-time checkpoint (within
     # the pod's grace period); turning that off could only lose work.
 
@@ -333,6 +341,23 @@ class FailurePolicy(ApiModel):
         description="How long a worker waits for the job's rendezvous store to answer before its first "
         "rendezvous (a store pod waiting for a node or an image pull). Waiting is never a failure; a worker "
         "still without a store after this long exits 1, which counts against maxFailures.",
+    )
+    pod_start_deadline_seconds: int = Field(
+        default=900,
+        ge=0,
+        le=604_800,
+        description="How long the job may wait, while it is not Ready, for a pod of it that has never "
+        "started and that the scheduler (Unschedulable) or the kubelet (ErrImagePull, ImagePullBackOff, "
+        "ErrImageNeverPull, CreateContainerConfigError, CreateContainerError) holds back, before the job "
+        "is Failed with that reason and the kubelet's or scheduler's message. The clock starts at the later "
+        "of the pod's creation and the job losing Ready, so elastic extras pending beside a running job "
+        "never fail it; once the job has trained, no room (Unschedulable) is a capacity drought that is "
+        "reported and waited out, never failed for. InvalidImageName fails the job at once: no retry can "
+        "fix an image reference that "
+        "does not parse. The PodsBlocked condition and a Warning Event report every such pod at once, "
+        "whatever this value. 0: never fail the job for it. The default leaves time for an autoscaler to "
+        "bring a GPU node and for three image pull retries, and ends before startupDeadlineSeconds' "
+        "default, so a store pod that cannot start fails the job naming its image, not the store.",
     )
     progress_deadline_seconds: int = Field(
         default=600,

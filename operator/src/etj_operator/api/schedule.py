@@ -2,7 +2,7 @@
 
 Issue 28: "have this model by Friday, as cheaply as possible". A job without ``spec.deadline`` behaves as
 before (no on-demand workers are added for the schedule); with one, the operator trains on spot and adds
-on-demand workers only while the job would otherwise miss it (decide/deadline.py).
+on-demand workers only while the job would otherwise miss it (decide/deadline/policy.py).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from etj_operator.api._base import ApiModel, Time, cel, rules
 
 MAX_DEADLINE_SECONDS = 366 * 86_400  # a year: longer is a typo, not a training run
 MAX_PRICE = 100_000.0  # USD per worker-hour: an upper bound that still catches unit mistakes (cents)
+MAX_RELEASED_NAMES = 32  # status.schedule.onDemandReleased keeps the newest names: status stays small
+PodName = Annotated[str, Field(max_length=253)]
 
 # The operator's default prices when neither the spec nor the chart gives any (the chart's values.yaml
 # carries the same numbers). Named in status.cost.priceSource so a reader knows what the cost is based on.
@@ -108,4 +110,12 @@ class ScheduleStatus(ApiModel):
     )
     reason: Annotated[str, Field(max_length=256)] = Field(
         default="", description="Why the policy decided what it did (one CamelCase word)."
+    )
+    # Written with the decision, not read back from a resize: a release that coincides with spot workers
+    # joining (the running count rises or stays) or of a worker still pending changes no world size, so
+    # status.resizeHistory may never say OnDemandReleased (issue 36).
+    on_demand_released: Annotated[list[PodName], Field(max_length=MAX_RELEASED_NAMES)] = Field(
+        default_factory=list,
+        description="On-demand worker pods the policy released, oldest first (the newest 32); each "
+        "release is also an OnDemandReleased Event naming them.",
     )

@@ -17,7 +17,8 @@ from etj_operator.api.schedule import CostStatus, ScheduleStatus, WorkersByCapac
 
 MAX_CONDITIONS = 16
 MAX_RESIZE_HISTORY = 20
-# Bounds of the failure bookkeeping (decide/bad_nodes.py): enough to judge maxFailures within the window,
+# Bounds of the failure bookkeeping (decide/failures/bad_nodes.py): enough to judge maxFailures within the
+# window,
 # and more avoided nodes than any sane replicas.max cap needs.
 MAX_FAILURE_TIMES = 64
 MAX_AVOIDED_NODES = 32
@@ -56,9 +57,17 @@ class ConditionType(StrEnum):
     # the job was Ready (a crash loop, a hang); Unknown while the job is not training or progress is unread.
     PROGRESSING = "Progressing"
     CHECKPOINT_VOLATILE = "CheckpointVolatile"  # no PVC, no object store: the shared copy dies with the pods
+    # The newest write of the shared checkpoint (PVC or object store) succeeded: False with the trainer's
+    # error while writes fail (training goes on with node-local copies for checkpoint.maxFailedWrites).
+    CHECKPOINT_DURABLE = "CheckpointDurable"
     # Workers crash again and again (pod failures and restarts inside pods, with or without progress in
     # between): True from the CRASH_LOOP_CRASHES-th crash within the window until the job runs a window clean.
     CRASH_LOOPING = "CrashLooping"
+    # A pod of the job that never started is held back by the kubelet (an image that cannot be pulled, a
+    # missing Secret) or, while the job is not Ready, by the scheduler (Unschedulable): True with that reason
+    # and its message (decide/failures/start_blocks.py). failurePolicy.podStartDeadlineSeconds bounds the
+    # wait.
+    PODS_BLOCKED = "PodsBlocked"
 
 
 class StatusModel(ApiModel):
@@ -128,10 +137,15 @@ class ResizeEvent(StatusModel):
     steps_lost: int | None = Field(
         default=None, ge=0, description="Optimizer steps redone because they were after the last checkpoint."
     )
+    unmeasured_reason: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None,
+        description="Why pauseSeconds is absent: NotJoinedBeforeEnd (worker pods started, but the job "
+        "finished before its world admitted them).",
+    )
 
 
 class LastCheckpoint(StatusModel):
-    """The newest complete checkpoint."""
+    """The newest checkpoint whose shared copy (PVC or object store) was confirmed written."""
 
     step: int = Field(ge=0, description="Optimizer step of the checkpoint.")
     path: Annotated[str, Field(max_length=2048)] = Field(description="Where it was written.")
@@ -200,7 +214,10 @@ class ElasticTrainingJobStatus(StatusModel):
         description=f"The last {MAX_RESIZE_HISTORY} resizes of the running world, oldest first (pods that "
         "start before the trainer's first report or exit after its finished report are not resizes).",
     )
-    last_checkpoint: LastCheckpoint | None = Field(default=None, description="Newest complete checkpoint.")
+    last_checkpoint: LastCheckpoint | None = Field(
+        default=None,
+        description="Newest checkpoint confirmed written to the shared location (checkpoint.pvc or uri).",
+    )
     failures: int | None = Field(
         default=None,
         ge=0,

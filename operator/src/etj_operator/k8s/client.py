@@ -8,6 +8,7 @@ restarted or repeated reconcile safe.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -29,6 +30,32 @@ RETRYABLE = frozenset({409, 429, 500, 502, 503, 504})
 class StatusConflict(Exception):
     """A status write named a resourceVersion the job no longer has (409): it was computed from an older
     job, and must be computed again."""
+
+
+class ForeignObject(Exception):
+    """An object with the name of one of the job's own (Service, Secret, NetworkPolicy, ...) exists and the
+    job does not own it: someone else made it, and adopting it would hand the job their token or policy."""
+
+    def __init__(self, kind: str, namespace: str, name: str, owners: list[str]) -> None:
+        owned = f"owned by {', '.join(owners)}" if owners else "with no owner"
+        super().__init__(
+            f"{kind} {namespace}/{name} exists, {owned}, not by this job: the job's pods wait until it is "
+            "deleted (the operator does not adopt or change it)"
+        )
+
+
+# Metadata only: an ownership check needs no more (and reads no Secret: ensure).
+METADATA_ONLY = {"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
+
+
+def foreign_owners(wanted: dict[str, Any], found: dict[str, Any]) -> list[str] | None:
+    """None if ``found`` (an existing object's metadata) is owned by the owner ``wanted`` names (its
+    ownerReferences' uids); otherwise who owns it instead, as "Kind/name" (an empty list: nobody)."""
+    uids = {o.get("uid") for o in wanted.get("ownerReferences") or []}
+    owners = found.get("ownerReferences") or []
+    if any(o.get("uid") in uids for o in owners):
+        return None
+    return [f"{o.get('kind')}/{o.get('name')}" for o in owners]
 
 
 def _drained(response: Any) -> bool:
@@ -108,27 +135,52 @@ class KubeClient:
             raise
 
     async def ensure(self, body: dict[str, Any]) -> None:
-        """Create one of the job's own objects (Service, Secret, NetworkPolicy, ...) unless it exists.
+        """Create one of the job's own objects (Service, Secret, NetworkPolicy, ...) unless it exists; if one
+        of that name exists that the job does not own, raise ``ForeignObject`` (issue 37: a 409 was taken
+        for success, so a policy someone made first became the job's policy).
 
-        Create-only on purpose: the operator never reads the job's Secret back (docs/operator.md, RBAC).
+        The existing object is read as metadata only. A Secret is never read at all (the operator has no
+        ``get`` on Secrets: docs/operator.md, RBAC): its name is derived from the operator's key
+        (dataplane.token_secret_name), so nobody else can have made it first and a 409 is our own.
         """
-        ns, kind = body["metadata"]["namespace"], body["kind"]
-        creators: dict[str, tuple[str, Callable[..., Any]]] = {
-            "Service": ("services", self.core.create_namespaced_service),
-            "Secret": ("secrets", self.core.create_namespaced_secret),
-            "NetworkPolicy": ("networkpolicies", self.networking.create_namespaced_network_policy),
+        meta = body["metadata"]
+        ns, name, kind = meta["namespace"], meta["name"], body["kind"]
+        calls: dict[str, tuple[str, Callable[..., Any], Callable[..., Any] | None]] = {
+            "Service": (
+                "services",
+                self.core.create_namespaced_service,
+                self.core.read_namespaced_service,
+            ),
+            "Secret": ("secrets", self.core.create_namespaced_secret, None),
+            "NetworkPolicy": (
+                "networkpolicies",
+                self.networking.create_namespaced_network_policy,
+                self.networking.read_namespaced_network_policy,
+            ),
             "PodDisruptionBudget": (
                 "poddisruptionbudgets",
                 self.policy.create_namespaced_pod_disruption_budget,
+                self.policy.read_namespaced_pod_disruption_budget,
             ),
         }
-        resource, create = creators[kind]
-        await self._call(
+        resource, create, read = calls[kind]
+        created = await self._call(
             "create",
             resource,
             lambda: _drained(create(ns, cast(Any, body), _preload_content=False)),
             ok=frozenset({409}),
         )
+        if created or read is None:
+            return
+        found = await self._call(
+            "get",
+            resource,
+            lambda: json.loads(read(name, ns, _preload_content=False, _headers=METADATA_ONLY).data),
+            ok=frozenset({404}),  # gone since: the next check creates it
+        )
+        owners = foreign_owners(meta, (found or {}).get("metadata") or {}) if found else None
+        if owners is not None:
+            raise ForeignObject(kind, ns, name, owners)
 
     async def select_store(self, namespace: str, service: str, selector: dict[str, str]) -> bool:
         """Point the job's store Service at ``selector`` (a merge patch: it only ever adds or changes the

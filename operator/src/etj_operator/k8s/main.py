@@ -21,12 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 import kopf
 
 from etj_operator.api.models import CapacityType
-from etj_operator.api.schedule import DEFAULT_PRICE_ON_DEMAND, DEFAULT_PRICE_SOURCE, DEFAULT_PRICE_SPOT
-from etj_operator.decide.pod_env import DEFAULT_WORKER_GRACE_SECONDS
-from etj_operator.decide.schedule import DeadlineCosts, PriceDefaults
-from etj_operator.k8s import handlers, kube_api, leader
+from etj_operator.decide.deadline.schedule import DeadlineCosts, PriceDefaults
+from etj_operator.k8s import handlers, kube_api, leader, settings_table
 from etj_operator.k8s.metrics import serve
-from etj_operator.k8s.settings import Settings
+from etj_operator.k8s.settings import SETTING_OPTIONS, Settings
 from etj_operator.k8s.standby_health import StandbyHealth
 from etj_operator.observe.nodes import CapacityRules
 
@@ -34,147 +32,12 @@ log = logging.getLogger(__name__)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The operator's flags (the chart's values end up here).
-
-    Long because: one add_argument per flag with its help text; split up, the flags would no longer read
-    as one table next to docs/operator.md.
-    """
-    p = argparse.ArgumentParser(prog="etj operator run", description="Run the ElasticTrainingJob operator.")
-    scope = p.add_mutually_exclusive_group()
-    scope.add_argument(
-        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
-    )
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces (default)")
-    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, then $KUBECONFIG)")
-    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port; 0 disables")
-    p.add_argument("--liveness-port", type=int, default=8080, help="kopf /healthz port; 0 disables")
-    p.add_argument("--resync-seconds", type=float, default=30.0, help="per-job reconcile timer")
-    p.add_argument(
-        "--progress-seconds", type=float, default=10.0, help="poll the store's /progress; 0 disables"
-    )
-    p.add_argument(
-        "--worker-grace-seconds",
-        type=int,
-        default=DEFAULT_WORKER_GRACE_SECONDS,
-        help="terminationGracePeriodSeconds of worker pods (time for the just-in-time checkpoint)",
-    )
-    p.add_argument(
-        "--default-trainer-image",
-        default=os.environ.get("ETJ_DEFAULT_TRAINER_IMAGE") or None,
-        metavar="IMAGE",
-        help="image of jobs without spec.trainer.image (default: $ETJ_DEFAULT_TRAINER_IMAGE, which the "
-        "chart sets from trainer.image); without one such jobs wait with Ready=False/NoTrainerImage",
-    )
-    p.add_argument(
-        "--default-store-image",
-        default=os.environ.get("ETJ_DEFAULT_STORE_IMAGE") or None,
-        metavar="IMAGE",
-        help="image of the rendezvous store pods of jobs without spec.trainer.storeImage (default: "
-        "$ETJ_DEFAULT_STORE_IMAGE, which the chart sets from trainer.storeImage); unset: the job's trainer "
-        "image",
-    )
-    p.add_argument(
-        "--price-spot",
-        type=float,
-        default=_env_float("ETJ_PRICE_SPOT", DEFAULT_PRICE_SPOT),
-        help="USD per spot worker-hour for status.cost when a job's spec.prices gives none "
-        "($ETJ_PRICE_SPOT; the chart's prices.spotPerWorkerHour)",
-    )
-    p.add_argument(
-        "--price-on-demand",
-        type=float,
-        default=_env_float("ETJ_PRICE_ON_DEMAND", DEFAULT_PRICE_ON_DEMAND),
-        help="USD per on-demand worker-hour ($ETJ_PRICE_ON_DEMAND; the chart's prices.onDemandPerWorkerHour)",
-    )
-    p.add_argument(
-        "--price-source",
-        default=os.environ.get("ETJ_PRICE_SOURCE") or DEFAULT_PRICE_SOURCE,
-        help="where the default prices come from, shown in status.cost.priceSource ($ETJ_PRICE_SOURCE)",
-    )
-    p.add_argument(
-        "--on-demand-startup-seconds",
-        type=float,
-        default=_env_float("ETJ_ON_DEMAND_STARTUP_SECONDS", DeadlineCosts().on_demand_startup_s),
-        help="deadline policy: seconds from asking for an on-demand worker to it training (node start-up)",
-    )
-    p.add_argument(
-        "--resize-seconds",
-        type=float,
-        default=_env_float("ETJ_RESIZE_SECONDS", DeadlineCosts().resize_s),
-        help="deadline policy: a resize's training stall, rendezvous included ($ETJ_RESIZE_SECONDS; "
-        "the chart's deadline.resizeSeconds); part of the safety margin and of the no-thrash rule",
-    )
-    p.add_argument(
-        "--extra-priority-class",
-        default=os.environ.get("ETJ_EXTRA_PRIORITY_CLASS") or None,
-        metavar="NAME",
-        help="PriorityClass of workers beyond a job's replicas.min, lower than every job's and never "
-        "preempting, so every job gets its min before any job more ($ETJ_EXTRA_PRIORITY_CLASS; the chart's "
-        "sharing.extraPriorityClass); unset: every worker at its job's priority",
-    )
-    p.add_argument(
-        "--default-capacity-type",
-        choices=[c.value for c in CapacityType],
-        default="on-demand",
-        help="capacity type of nodes no known label describes",
-    )
-    p.add_argument(
-        "--spot-label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra node label marking spot capacity (repeatable)",
-    )
-    p.add_argument(
-        "--on-demand-label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra node label marking on-demand capacity (repeatable)",
-    )
-    p.add_argument(
-        "--no-network-policy",
-        dest="network_policy",
-        action="store_false",
-        help="do not create a NetworkPolicy per job (docs/operator.md, 'Threat model')",
-    )
-    p.add_argument(
-        "--operator-namespace",
-        default=os.environ.get("POD_NAMESPACE") or None,
-        help="namespace of the operator's pods, for the jobs' NetworkPolicy (default: $POD_NAMESPACE, "
-        "which the chart sets); unset: the progress port admits every source, guarded by the token alone",
-    )
-    p.add_argument(
-        "--operator-pod-label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="label of the operator's pods, for the jobs' NetworkPolicy (repeatable)",
-    )
-    p.add_argument(
-        "--leader-elect",
-        action="store_true",
-        default=os.environ.get("ETJ_LEADER_ELECT", "").lower() in ("1", "true", "yes"),
-        help="stand by for the Lease and run only while holding it: for more than one replica "
-        "($ETJ_LEADER_ELECT; the chart sets it)",
-    )
-    p.add_argument(
-        "--leader-election-namespace",
-        default=os.environ.get("POD_NAMESPACE") or "default",
-        help="namespace of the Lease (default: $POD_NAMESPACE)",
-    )
-    p.add_argument(
-        "--leader-identity", default=None, help="this replica's name in the Lease (default: pod name)"
-    )
-    p.add_argument("--lease-seconds", type=int, default=leader.Election("", "").lease_s)
-    p.add_argument("--renew-seconds", type=int, default=leader.Election("", "").renew_s)
-    p.add_argument("--retry-seconds", type=int, default=leader.Election("", "").retry_s)
-    p.add_argument("-v", "--verbose", action="store_true")
-    return p.parse_args(argv)
+    """The operator's flags (the chart's values end up here), from the table in k8s/settings_table.py."""
+    return settings_table.parser().parse_args(argv)
 
 
 # The key the jobs' progress tokens are derived from (the chart keeps it in a Secret of its own).
-TOKEN_KEY_ENV = "ETJ_OPERATOR_TOKEN_KEY"
+TOKEN_KEY_ENV = settings_table.TOKEN_KEY.env or ""
 
 
 def _rules(args: argparse.Namespace) -> CapacityRules:
@@ -199,16 +62,8 @@ def _pairs(raw: list[str], flag: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    try:
-        return float(raw) if raw else default
-    except ValueError as err:
-        raise SystemExit(f"{name}={raw!r} is not a number") from err
-
-
 def build_state(args: argparse.Namespace) -> handlers.State:
-    key = os.environ.get(TOKEN_KEY_ENV, "")
+    key = settings_table.TOKEN_KEY.from_env()
     if not key:
         log.warning(
             "no %s: job tokens come from a random key, so after a restart this operator cannot read the "
@@ -216,16 +71,9 @@ def build_state(args: argparse.Namespace) -> handlers.State:
             TOKEN_KEY_ENV,
         )
     settings = Settings(
-        resync_seconds=args.resync_seconds,
-        progress_seconds=args.progress_seconds,
-        worker_grace_seconds=args.worker_grace_seconds,
-        default_trainer_image=args.default_trainer_image or None,
-        default_store_image=args.default_store_image or None,
+        **{o.dest: getattr(args, o.dest) for o in SETTING_OPTIONS},
         namespaces=tuple(args.namespace),
-        network_policy=args.network_policy,
-        operator_namespace=args.operator_namespace,
         operator_pod_labels=_pairs(args.operator_pod_label, "--operator-pod-label"),
-        extra_priority_class=args.extra_priority_class or None,
         prices=PriceDefaults(args.price_spot, args.price_on_demand, args.price_source),
         deadline_costs=DeadlineCosts(
             on_demand_startup_s=args.on_demand_startup_seconds,

@@ -7,6 +7,7 @@ series count stays bounded by the number of jobs.
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -102,3 +103,20 @@ def serve(port: int) -> None:
     """Expose /metrics on the given port (0 disables)."""
     if port:
         start_http_server(port)
+
+
+def observe_drain(
+    reason: str, since: datetime | None, round_started: datetime, sent: datetime, accepted: datetime
+) -> None:
+    """One drain: its reason, and for an interruption (``since``: its signal) the time to the drain and
+    its stages: queued (signal to this round), plan (round to the delete sent), api (sent to accepted)."""
+    METRICS.drains.labels(reason).inc()
+    if since is None:
+        return
+    METRICS.interruption_to_drain.observe(max(0.0, (accepted - since).total_seconds()))
+    for stage, start, end in (
+        ("queued", since, round_started),
+        ("plan", round_started, sent),
+        ("api", sent, accepted),
+    ):
+        METRICS.drain_stage.labels(stage).observe(max(0.0, (end - start).total_seconds()))

@@ -25,10 +25,12 @@ from pydantic import ValidationError
 from etj_contract.replicas import Replicas
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
-from etj_operator.decide import dataplane, manifests, names
-from etj_operator.decide.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
+from etj_operator.decide.objects import dataplane, manifests, names, pod_policy
+from etj_operator.decide.plan.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
+from etj_operator.decide.status.invalid_spec import spec_error_message
+from etj_operator.k8s import job_objects, status_write
 from etj_operator.k8s.client import KubeClient, StatusConflict
-from etj_operator.k8s.metrics import METRICS
+from etj_operator.k8s.metrics import METRICS, observe_drain
 from etj_operator.k8s.rejections import rejections
 from etj_operator.k8s.settings import Settings, World
 from etj_operator.k8s.status_write import STATUS_WRITE_ATTEMPTS, post_events, record_written
@@ -61,9 +63,12 @@ class JobRunner:
         self.planned_version: str | None = None  # the version this round's plan was computed from
         self.expect_create: dict[str, tuple[PodInfo, float]] = {}
         self.expect_delete: dict[str, tuple[str, float]] = {}  # name → (uid, deadline)
+        self.lost_drains: set[str] = set()  # this round's drains whose delete someone else won
         self.store = StoreLink(store_http, settings.progress_port, self._token)
         self.service_checked = float("-inf")  # monotonic time of the last successful create-or-exists
         self.token: str | None = None  # the job's progress token (derived from its uid once known)
+        self.spec_error: str | None = None  # why the operator's model refused the job's spec, if it did
+        self.spec_error_said: str | None = None  # the spec error last said on the job (one Event each)
         # The store index this runner last pointed the job's Service at; None: not yet (a restarted
         # operator patches once, which also moves a Service of an older operator onto an index).
         self.serving: int | None = None
@@ -133,12 +138,13 @@ class JobRunner:
         body = self.body
         if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
             return None  # being deleted: the garbage collector removes pods and service
-        meta = body["metadata"]
+        meta, self.spec_error = body["metadata"], None
         try:
             spec = ElasticTrainingJobSpec.model_validate(body.get("spec") or {})
         except ValidationError as exc:
-            # The apiserver validates the same rules; this only happens with a CRD older than the operator.
+            # The apiserver validates the same rules; this only happens with a CRD newer than the operator.
             log.error("job %s/%s has an invalid spec: %s", self.namespace, self.name, exc)
+            self.spec_error = spec_error_message(exc.errors())
             return None
         status, self.planned_version = self.status, self.status_version
         if status is None:
@@ -162,7 +168,12 @@ class JobRunner:
         self.round_started = utcnow()
         job = self._job()
         if job is None:
+            if self.spec_error and self.body is not None:  # said on the job, its pods left alone
+                self.spec_error_said = await status_write.report_invalid_spec(
+                    self.kube, self.body, self.spec_error, self.spec_error_said
+                )
             return None
+        self.spec_error_said = None  # readable again: a later error is said again
         pods = self._owned(job.uid)
         if self._awaiting_final_report(pods):
             # Workers exited 0: their final report is in the store now. Read it before the planner may
@@ -190,8 +201,8 @@ class JobRunner:
     # --- apply -----------------------------------------------------------------------------------
     async def apply(self, job: JobView, result: Plan, pods: Mapping[str, PodInfo], obs: Observed) -> None:
         # The Service moves to the new store before the old one is deleted: agents that lose the old
-        # store must resolve the new one (decide/store_move.py). If it cannot, the old store stays.
-        drains = result.drains
+        # store must resolve the new one (decide/plan/store_move.py). If it cannot, the old store stays.
+        drains, self.lost_drains = result.drains, set()
         if not await self._serve(job, result.serve_rendezvous):
             drains = [d for d in drains if d.role != ROLE_RENDEZVOUS or d.force]
             self.kick.set()
@@ -222,17 +233,26 @@ class JobRunner:
         # their existence every few minutes, so a deleted one comes back without a request per reconcile.
         # Before any pod: a pod must never start without its token or outside its policy.
         if result.ensure_service and time.monotonic() - self.service_checked > SERVICE_RECHECK:
-            rejection, errors = rejections(await self._job_objects(job, result))
+            outcomes = await job_objects.ensure_job_objects(
+                self.kube, self.settings, job, result, self._token()
+            )
+            rejection, errors = rejections(outcomes)
             if rejection or errors:
                 return rejection, errors
+            if self.service_checked == float("-inf"):  # once per job and operator start
+                job_objects.warn_unless_enforced(self.body, self.settings, job)
             self.service_checked = time.monotonic()
+        if refused := pod_policy.refusal(job.spec, forbid_host_path=self.settings.forbid_host_path):
+            return refused, []
         creates: list[Any] = []
+        secret = job_objects.token_secret_name(self.settings, job)
         if result.create_rendezvous:
             store = manifests.rendezvous_pod(
                 job.spec,
                 job=job.name,
                 namespace=job.namespace,
                 uid=job.uid,
+                token_secret=secret,
                 image=result.store_image,
                 index=result.rendezvous_index,
             )
@@ -248,6 +268,7 @@ class JobRunner:
                 namespace=job.namespace,
                 uid=job.uid,
                 slot=slot,
+                token_secret=secret,
                 grace_seconds=self.settings.worker_grace_seconds,
                 image=result.trainer_image,
                 startup_workers=result.startup_workers,
@@ -267,7 +288,7 @@ class JobRunner:
             if await self.kube.select_store(job.namespace, names.rendezvous_name(job.name), selector):
                 self.serving = store
                 log.info("%s/%s: the store Service selects store %d", job.namespace, job.name, store)
-            return True  # no Service yet: it is created selecting ``store`` (_job_objects)
+            return True  # no Service yet: it is created selecting ``store`` (job_objects.py)
         except Exception as exc:  # any failure: keep the old store, try again next round
             log.warning(
                 "%s/%s: could not switch the store Service to %d: %s", job.namespace, job.name, store, exc
@@ -290,26 +311,19 @@ class JobRunner:
         if force or idle:
             grace = 0  # nothing runs (or its node is gone): no reason to wait
         sent = utcnow()
-        await self.kube.delete_pod(job.namespace, name, uid=uid or None, grace=grace)
+        if not await self.kube.delete_pod(job.namespace, name, uid=uid or None, grace=grace):
+            self.lost_drains.add(name)  # gone already: whoever deleted it counts it (_write_status)
         accepted = utcnow()
         self.expect_delete[name] = (uid or "", time.monotonic() + EXPECTATION_TTL)
         self.expect_create.pop(name, None)
-        METRICS.drains.labels(reason).inc()
-        if since is not None:
-            METRICS.interruption_to_drain.observe(max(0.0, (accepted - since).total_seconds()))
-            for stage, start, end in (
-                ("queued", since, self.round_started),
-                ("plan", self.round_started, sent),
-                ("api", sent, accepted),
-            ):
-                METRICS.drain_stage.labels(stage).observe(max(0.0, (end - start).total_seconds()))
+        observe_drain(reason, since, self.round_started, sent, accepted)
         log.info("drained %s/%s: %s", job.namespace, name, reason)
 
     async def _create(self, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
         await self.kube.create_pod(body)  # AlreadyExists is fine: the name is deterministic
         # Parsed from the body: until the index sees the pod, the planner reads its class (min worker or
-        # extra: decide/sharing.py) here.
+        # extra: decide/plan/sharing.py) here.
         info = pod_info(body)
         self.expect_create[name] = (info, time.monotonic() + EXPECTATION_TTL)
 
@@ -322,20 +336,6 @@ class JobRunner:
             )
         return self.token
 
-    async def _job_objects(self, job: JobView, result: Plan) -> list[Any]:
-        ids = {"job": job.name, "namespace": job.namespace, "uid": job.uid}
-        bodies = [
-            manifests.rendezvous_service(**ids, store=result.serve_rendezvous),
-            dataplane.token_secret(**ids, token=self._token()),
-            dataplane.store_disruption_budget(**ids),
-        ]
-        if self.settings.network_policy:
-            peer = dataplane.operator_peer(
-                self.settings.operator_namespace, dict(self.settings.operator_pod_labels)
-            )
-            bodies.append(dataplane.network_policy(**ids, operator_peer=peer))
-        return await asyncio.gather(*(self.kube.ensure(b) for b in bodies), return_exceptions=True)
-
     async def _write_status(self, job: JobView, result: Plan, obs: Observed) -> None:
         """Write the plan's status on the version of the job it was computed from; on a conflict, plan again.
 
@@ -344,7 +344,12 @@ class JobRunner:
         lost a count and an Event (a drained pod is not drained again, so no later plan repeats them). So
         the plan is computed again from the job as it is now and the *same* observation: the same drains,
         crashes and Events, counted once on top of the newer status. Its actions are not applied again.
+        A pod whose delete another writer won (a leader handoff: both saw it fail) is theirs to count, with
+        or without a conflict: the plan is made without it, or it was counted twice (issue 37).
         """
+        if self.lost_drains:
+            obs = replace(obs, pods=[p for p in obs.pods if p.name not in self.lost_drains])
+            result = plan(job, obs)
         for attempt in range(STATUS_WRITE_ATTEMPTS):
             new = result.status.to_patch()
             if new == job.status.to_patch():

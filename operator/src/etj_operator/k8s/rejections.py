@@ -8,6 +8,9 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from etj_operator.decide.status.conditions import ConditionReason
+from etj_operator.k8s.client import ForeignObject
+
 
 def rejections(outcomes: list[Any]) -> tuple[str | None, list[BaseException]]:
     """The apiserver's refusal among the creates' outcomes (quota, admission, validation: a 4xx that
@@ -17,6 +20,8 @@ def rejections(outcomes: list[Any]) -> tuple[str | None, list[BaseException]]:
     for outcome in outcomes:
         if isinstance(outcome, ApiException) and outcome.status in (400, 403, 422):
             rejection = rejection or _api_message(outcome)
+        elif isinstance(outcome, ForeignObject):  # retrying will not change it either, until someone acts
+            rejection = rejection or f"{ConditionReason.OBJECT_CONFLICT}: {outcome}"
         elif isinstance(outcome, BaseException):
             errors.append(outcome)
     return rejection, errors

@@ -19,7 +19,7 @@ from etj_contract.ports import PROGRESS_PORT
 from etj_contract.progress import auth_header
 from etj_contract.replicas import REPLICAS_PATH, Replicas
 from etj_operator.constants import ROLE_RENDEZVOUS
-from etj_operator.decide.names import rendezvous_index
+from etj_operator.decide.objects.names import rendezvous_index
 from etj_operator.observe.pods import PodInfo
 from etj_operator.timeutil import utcnow
 
@@ -80,7 +80,7 @@ class StoreClient:
 
 def running_store(pods: Iterable[PodInfo]) -> PodInfo | None:
     """The job's store pod that answers now (running, with an address), if any: the serving one while a
-    replacement runs beside it (the lowest index, as decide/store_move.py serves), whose progress is the
+    replacement runs beside it (the lowest index, as decide/plan/store_move.py serves), whose progress is the
     job's; the replacement's is empty until the agents move to it."""
     running = [p for p in pods if p.role == ROLE_RENDEZVOUS and p.running and p.ip]
     return min(running, key=lambda p: rendezvous_index(p.job, p.name) or 0, default=None)
@@ -94,7 +94,8 @@ class StoreLink:
         self.progress: dict[str, Any] | None = None
         self.progress_time: datetime | None = None
         # (store pod uid, bounds) the store has taken. The uid, not the name: a replacement store pod may
-        # reuse a force-deleted one's name (plan_steps.next_rendezvous_index) and knows no bounds yet.
+        # reuse a force-deleted one's name (decide/plan/slots.py next_rendezvous_index) and knows no bounds
+        # yet.
         self.bounds_told: tuple[str, Replicas] | None = None
 
     async def refresh(self, pods: Iterable[PodInfo]) -> bool:

@@ -21,6 +21,59 @@ from etj_operator.timeutil import parse_time
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 MAX_LINE = 512  # of a failed container's last log line, quoted in Events
+MAX_BLOCKER_MESSAGE = 1024  # of the kubelet's or scheduler's words, quoted in a condition and an Event
+
+# Waiting reasons of a container that is not coming up by itself soon: the kubelet retries some of them
+# (a registry that was down, a Secret created late) and not others (decide/failures/start_blocks.py judges
+# which).
+# "ContainerCreating" and "PodInitializing" are the normal way up and are not here; "CrashLoopBackOff" is
+# a container that ran (crash_loop.py's business).
+KUBELET_BLOCKERS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+UNSCHEDULABLE = "Unschedulable"  # PodScheduled=False's reason when no node can take the pod
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Why a pod that never ran does not start: the scheduler's or the kubelet's reason and its words."""
+
+    reason: str  # "Unschedulable", or a container's waiting reason (KUBELET_BLOCKERS)
+    message: str
+    container: str | None = None  # the container that waits (None: the scheduler's)
+
+
+def pod_blocker(status: Mapping[str, Any]) -> Blocker | None:
+    """The kubelet's blocking waiting reason of a container (init containers first: they run first), else
+    the scheduler's Unschedulable, else None (a pod on its normal way up, or one that runs)."""
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for cs in status.get(key) or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in KUBELET_BLOCKERS:
+                message = str(waiting.get("message") or "")[:MAX_BLOCKER_MESSAGE]
+                return Blocker(str(waiting["reason"]), message, cs.get("name"))
+    for cond in status.get("conditions") or []:
+        scheduled = cond.get("type") == "PodScheduled"
+        if scheduled and cond.get("status") == "False" and cond.get("reason") == UNSCHEDULABLE:
+            return Blocker(UNSCHEDULABLE, str(cond.get("message") or "")[:MAX_BLOCKER_MESSAGE])
+    return None
+
+
+def containers_ran(status: Mapping[str, Any]) -> bool:
+    """Has any of the pod's (main) containers ever run? A container that ran and then waits (a restart
+    whose image pull fails) belongs to the failure budget and crash loops, not to start-up."""
+    for cs in status.get("containerStatuses") or []:
+        state, last = cs.get("state") or {}, cs.get("lastState") or {}
+        if "running" in state or "terminated" in state or "terminated" in last or cs.get("restartCount"):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -50,12 +103,18 @@ class PodInfo:
     pinned: str | None = None  # the capacity type the pod is pinned to (etj.dev/capacity), if any
     avoids: tuple[str, ...] = ()  # the nodes it was created to avoid (etj.dev/avoided-nodes)
     # spec.priorityClassName: fixed at creation, it says whether a worker is one of the job's min workers
-    # or an elastic extra (decide/sharing.py).
+    # or an elastic extra (decide/plan/sharing.py).
     priority_class: str | None = None
     ready: bool = False  # the Ready condition is True (a store: its TCPStore accepts connections)
     # A store pod's etj.dev/store label (its index), which the Service selects; None on store pods made by
     # operators before make-before-break moves (their Service selects job and role only).
     store: str | None = None
+    # What holds the pod back while it waits (observe.pod_blocker), and whether a container of it ever ran:
+    # decide/failures/start_blocks.py reports, and after failurePolicy.podStartDeadlineSeconds fails, jobs
+    # whose pods
+    # never start (a missing image or Secret, no node that fits).
+    blocker: Blocker | None = None
+    ran: bool = False
 
     @property
     def active(self) -> bool:
@@ -70,6 +129,11 @@ class PodInfo:
     @property
     def running(self) -> bool:
         return self.active and self.phase == "Running"
+
+    @property
+    def never_started(self) -> bool:
+        """Active, still Pending, and no container of it has run yet."""
+        return self.active and self.phase == "Pending" and not self.ran
 
 
 def countable_requests(spec: Mapping[str, Any]) -> dict[str, int]:
@@ -131,6 +195,8 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         store=labels.get(LABEL_STORE),
         finished_at=finished_at,
         last_line=last_line,
+        blocker=pod_blocker(status),
+        ran=containers_ran(status),
         requests=countable_requests(spec),
         priority_class=spec.get("priorityClassName") or None,
         owner_uid=next(

@@ -30,7 +30,7 @@ class Reason(StrEnum):
     NODE_LOST = "NodeLost"  # the container vanished with its machine (the kubelet came back without it)
     POD_DISRUPTED = "PodDisrupted"  # DisruptionTarget condition set by kubelet/taint manager/eviction
     # The kube-scheduler preempted the worker for a higher-priority pod (another job's min worker: the
-    # sharing rule, decide/sharing.py). A planned shrink of an elastic job, never a failure: not in
+    # sharing rule, decide/plan/sharing.py). A planned shrink of an elastic job, never a failure: not in
     # INTERRUPTIONS, so failurePolicy.countInterruptions does not count it either.
     PREEMPTED = "Preempted"
     WORKER_FAILED = "WorkerFailed"
@@ -43,7 +43,8 @@ class Reason(StrEnum):
     SUSPENDED = "Suspended"
     FINISHED = "JobFinished"
     FAILED = "JobFailed"
-    # The deadline policy (decide/deadline.py): on-demand workers leave first when spot returns or the job
+    # The deadline policy (decide/deadline/policy.py): on-demand workers leave first when spot returns or the
+    # job
     # is ahead; pending spot pods give way to the on-demand workers it asks for.
     ON_DEMAND_RELEASED = "OnDemandReleased"
     REPLACED_BY_ON_DEMAND = "ReplacedByOnDemand"

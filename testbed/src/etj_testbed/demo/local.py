@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from etj_testbed.demo.scenario import Scenario, SpotInterruption
 from etj_testbed.demo.script import (
     GROUP_PATH,
     INSTANCE,
@@ -35,14 +36,13 @@ from etj_testbed.demo.script import (
 from etj_testbed.demo.view import Live
 from etj_testbed.localcluster import toolchain
 from etj_testbed.localcluster.crds import wait_established
-from etj_testbed.localcluster.proclet.harness import start_subprocess
 from etj_testbed.localcluster.proclet.kube import MERGE, Kube
+from etj_testbed.localcluster.proclet.launch import start_subprocess
 from etj_testbed.localcluster.proclet.nodes import INSTANCE_LABEL, process_node, selector_for
 
 
 class Demo:
-    # Extra `etj operator run` flags (the spot replay's deadline arm sets the policy's bed-sized costs).
-    operator_args: tuple[str, ...] = ()
+    """The mechanics of a demo run; what happens to its machines is its `Scenario`'s (scenario.py)."""
 
     def __init__(
         self,
@@ -52,7 +52,9 @@ class Demo:
         manifest: JSON,
         script: Script,
         instance: str = INSTANCE,
+        scenario: Scenario | None = None,
     ) -> None:
+        self.scenario = scenario if scenario is not None else SpotInterruption()
         # `instance` names the nodes and the harness's selector: demos on one cluster stay apart.
         self.instance = instance
         self.kubeconfig, self.ns, self.run_dir, self.script = kubeconfig, namespace, run_dir, script
@@ -103,19 +105,13 @@ class Demo:
             "0",
             "--progress-seconds",  # a livelier view than the default 10 s
             "2",
-            *self.operator_args,
+            *self.scenario.operator_args(self),
         ]
         with open(self.run_dir / "operator.log", "ab") as log:
             self.procs.append(
                 subprocess.Popen(operator, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             )
-        for name, ctype in (
-            ("od-1", "on-demand"),
-            ("od-2", "on-demand"),
-            ("spot-1", "spot"),
-            ("spot-2", "spot"),
-        ):
-            self.add_node(f"{self.instance}-{name}", ctype)
+        self.scenario.start(self)
 
     def add_node(self, name: str, capacity_type: str, gpus: int = 1) -> None:
         self.kubectl(
@@ -125,6 +121,12 @@ class Demo:
             stdin=yaml.safe_dump(process_node(name, capacity_type, gpus, instance=self.instance)),
         )
         self.nodes.append(name)
+        self.scenario.node_added(self, name, capacity_type)
+
+    def remove_node(self, name: str) -> None:
+        """The machine goes away without notice (the end of a notice, a chaos event)."""
+        self.kubectl("delete", "node", name, "--wait=false", check=False)
+        self.nodes.remove(name)
 
     def submit(self) -> None:
         self.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(self.job_manifest()))
@@ -154,9 +156,14 @@ class Demo:
         path = f"{GROUP_PATH}/namespaces/{self.ns}/elastictrainingjobs/{self.name}"
         return self.kube.get_or_none(path) or {}
 
+    def now(self) -> float:
+        """Seconds since submission; 0 before it (the first nodes)."""
+        return time.time() - self.result.t0 if self.result.t0 else 0.0
+
     def event(self, what: str) -> None:
-        self.result.events.append((time.time() - self.result.t0, what))
-        print(f"[{time.time() - self.result.t0:7.1f}s] {what}", flush=True)
+        t = self.now()
+        self.result.events.append((t, what))
+        print(f"[{t:7.1f}s] {what}", flush=True)
 
     def interrupt(self, node: str) -> None:
         """What the AWS Node Termination Handler does on a spot interruption notice: taint and cordon."""
@@ -176,26 +183,19 @@ class Demo:
         }
 
     def run(self, live: Live | None = None) -> DemoResult:
+        """Poll the job once a second until it ends (or the script's timeout): the scenario's turn, a
+        sample, the live view."""
         self.result.t0 = time.time()
         self.submit()
         self.event(f"submitted {self.name} to namespace {self.ns}")
-        stage, victim, stage_at, spare = "train", "", 0.0, 3
+        self.scenario.submitted(self)
         deadline = time.monotonic() + self.script.timeout_s
         while time.monotonic() < deadline:
             job = self.job()
+            self.scenario.poll(self, job)
             self.result.status = job
             status = job.get("status") or {}
-            progress = status.get("progress") or {}
-            self.result.samples.append(
-                {
-                    "t": time.time() - self.result.t0,
-                    "world": status.get("worldSize") or 0,
-                    "sps": progress.get("samplesPerSecond"),
-                    "loss": progress.get("loss"),
-                    "epoch": progress.get("epoch"),
-                    "step": progress.get("step"),
-                }
-            )
+            self.result.samples.append(sample(status, time.time() - self.result.t0))
             if live is not None:
                 live.update(job, self.result.events)
             for proc, what in zip(self.procs, ("process-node harness", "operator"), strict=False):
@@ -205,26 +205,6 @@ class Demo:
                     )
             if status.get("phase") in ("Succeeded", "Failed"):
                 break
-            epoch, world = progress.get("epoch") or 0, status.get("worldSize") or 0
-            # Interrupt at full size; if full size never comes, a epoch later anyway.
-            due = epoch >= self.script.interrupt_epoch and (
-                world >= self.script.interrupt_min_world or epoch > self.script.interrupt_epoch
-            )
-            if stage == "train" and due:
-                spot = self.spot_worker_nodes()
-                if spot:
-                    victim = sorted(spot)[0]
-                    self.interrupt(victim)
-                    stage, stage_at = "notice", time.monotonic()
-                    self.event(f"spot interruption notice on {victim} (taint {SPOT_ITN}:NoSchedule, cordon)")
-            elif stage == "notice":
-                drained = victim not in self.worker_nodes().values()
-                if drained or time.monotonic() - stage_at > self.script.notice_s:
-                    self.end_of_notice(victim, drained)
-                    stage, stage_at = "gone", time.monotonic()
-            elif stage == "gone" and time.monotonic() - stage_at > self.script.return_after_s:
-                self.return_capacity(victim, spare)
-                stage = "returned"
             time.sleep(1)
         return self.result
 
@@ -247,6 +227,7 @@ class Demo:
     # ---- tear-down --------------------------------------------------------------------------
 
     def cleanup(self, delete_job: bool = True) -> None:
+        self.scenario.cleanup(self)
         if delete_job:
             self.kubectl(
                 "delete", "etj", self.name, "-n", self.ns, "--ignore-not-found", "--wait=false", check=False
@@ -262,3 +243,16 @@ class Demo:
         for node in self.nodes:
             self.kubectl("delete", "node", node, "--wait=false", check=False)
         self.kube.close()
+
+
+def sample(status: JSON, t: float) -> JSON:
+    """One poll's point of the timeline."""
+    progress = status.get("progress") or {}
+    return {
+        "t": t,
+        "world": status.get("worldSize") or 0,
+        "sps": progress.get("samplesPerSecond"),
+        "loss": progress.get("loss"),
+        "epoch": progress.get("epoch"),
+        "step": progress.get("step"),
+    }

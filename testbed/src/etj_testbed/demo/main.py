@@ -19,7 +19,7 @@ import yaml
 from etj_testbed.demo.cluster import make_demo
 from etj_testbed.demo.local import Demo
 from etj_testbed.demo.script import INSTANCE, JSON, REPO, DemoResult, Script
-from etj_testbed.demo.view import Live, logged_accuracy, write_timeline
+from etj_testbed.demo.view import Live, describe_resize, logged_accuracy, write_timeline
 from etj_testbed.localcluster import toolchain
 
 
@@ -76,6 +76,8 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 
 def run_demo(argv: list[str]) -> int:
+    """`etj demo`: argv → a cluster → the demo (`local.Demo`, or `cluster.ClusterDemo` with `--operator
+    installed`, with `etj demo`'s scenario, `scenario.SpotInterruption`) → its run → the report."""
     args = parse_args(argv)
     installed = args.operator == "installed"
     if installed and args.kubeconfig is None:
@@ -92,21 +94,6 @@ def run_demo(argv: list[str]) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = args.shared_dir / "demo" if installed and args.shared_dir else toolchain.cache_root() / "demo"
     run_dir = args.run_dir or base / stamp
-
-    def demo(namespace: str, run: Path, job: JSON, script: Script, instance: str) -> Demo:
-        return make_demo(
-            args.kubeconfig,
-            namespace,
-            run,
-            job,
-            script,
-            instance,
-            installed=installed,
-            trainer_image=args.trainer_image,
-            pull_policy=args.image_pull_policy,
-            shared_dir=args.shared_dir if installed else None,
-        )
-
     manifest = yaml.safe_load(args.manifest.read_text())
     script = Script(args.interrupt_epoch, return_after_s=args.return_after, timeout_s=args.timeout)
     # Ctrl-C and SIGTERM both end in the cleanup below; SIGINT may arrive ignored (a background job of a
@@ -116,36 +103,65 @@ def run_demo(argv: list[str]) -> int:
     contents = "checkpoints, samples" if installed else "operator.log, proclet.log, pods/*/*.log"
     print(f"run directory: {run_dir} ({contents})", file=sys.stderr)
     try:
-        result = _run_one(demo(args.namespace, run_dir, manifest, script, INSTANCE), args.keep)
-        status = result.status.get("status") or {}
-        print(f"\njob {result.phase}; resizes:")
-        for r in status.get("resizeHistory") or []:
-            print(
-                f"  {r.get('from')}→{r.get('to')} {r.get('reason')}: pause {r.get('pauseSeconds')} s, "
-                f"steps lost {r.get('stepsLost')}"
-            )
-        print(f"timeline: {write_timeline(result, args.timeline or run_dir / 'timeline.png')}")
-        rows = [("elastic run (spot interruption and return)", _accuracy(result, run_dir))]
+        result = _run_one(_make(args, args.namespace, run_dir, manifest, script, INSTANCE), args.keep)
+        rows = [("elastic run (spot interruption and return)", _report(result, run_dir, args))]
         if args.reference and result.phase == "Succeeded":
-            # The question a user asks: what did the interruption cost? Same job and seed at the full
-            # size throughout, no interruption (the e2e test asserts the same comparison).
-            size = manifest["spec"]["replicas"]["max"]
-            fixed = copy.deepcopy(manifest)
-            fixed["spec"]["replicas"]["min"] = size
-            never = Script(interrupt_epoch=10**6, timeout_s=args.timeout)
-            print(f"\nreference: the same job on a fixed {size} workers, no interruption…", file=sys.stderr)
-            ref_dir = run_dir / "fixed-size"
-            ref = _run_one(demo(f"{args.namespace}-fixed", ref_dir, fixed, never, "fixed"), False)
-            rows.append((f"fixed-size run ({size} workers, no interruption)", _accuracy(ref, ref_dir)))
+            rows.append(_reference(args, manifest, run_dir))
     except KeyboardInterrupt:
         print("\ninterrupted: cleaning up", file=sys.stderr)
         return 130
+    _print_accuracy(rows)
+    return 0 if result.phase == "Succeeded" else 1
+
+
+def _make(
+    args: argparse.Namespace, namespace: str, run: Path, job: JSON, script: Script, instance: str
+) -> Demo:
+    """The demo for `--operator` (local: `Demo` starts the operator; installed: `ClusterDemo`)."""
+    installed = args.operator == "installed"
+    return make_demo(
+        args.kubeconfig,
+        namespace,
+        run,
+        job,
+        script,
+        instance,
+        installed=installed,
+        trainer_image=args.trainer_image,
+        pull_policy=args.image_pull_policy,
+        shared_dir=args.shared_dir if installed else None,
+    )
+
+
+def _report(result: DemoResult, run_dir: Path, args: argparse.Namespace) -> float | None:
+    """The run's resizes and timeline; its accuracy."""
+    status = result.status.get("status") or {}
+    print(f"\njob {result.phase}; resizes:")
+    for r in status.get("resizeHistory") or []:
+        print(f"  {describe_resize(r)}")
+    print(f"timeline: {write_timeline(result, args.timeline or run_dir / 'timeline.png')}")
+    return _accuracy(result, run_dir)
+
+
+def _reference(args: argparse.Namespace, manifest: JSON, run_dir: Path) -> tuple[str, float | None]:
+    """The question a user asks: what did the interruption cost? Same job and seed at the full size
+    throughout, no interruption (the e2e test asserts the same comparison)."""
+    size = manifest["spec"]["replicas"]["max"]
+    fixed = copy.deepcopy(manifest)
+    fixed["spec"]["replicas"]["min"] = size
+    never = Script(interrupt_epoch=10**6, timeout_s=args.timeout)
+    print(f"\nreference: the same job on a fixed {size} workers, no interruption…", file=sys.stderr)
+    ref_dir = run_dir / "fixed-size"
+    ref = _run_one(_make(args, f"{args.namespace}-fixed", ref_dir, fixed, never, "fixed"), False)
+    return (f"fixed-size run ({size} workers, no interruption)", _accuracy(ref, ref_dir))
+
+
+def _print_accuracy(rows: list[tuple[str, float | None]]) -> None:
     print("\nfinal validation accuracy:")
     for label, accuracy in rows:
         print(f"  {label:<48} {'-' if accuracy is None else f'{accuracy:.4f}'}")
     if len(rows) == 2 and rows[0][1] is not None and rows[1][1] is not None:
         print(f"  difference: {100 * (rows[0][1] - rows[1][1]):+.2f} percentage points")
-    return 0 if result.phase == "Succeeded" else 1
 
 
 def _run_one(demo: Demo, keep: bool) -> DemoResult:

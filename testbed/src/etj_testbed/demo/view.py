@@ -63,10 +63,7 @@ def view_rows(job: JSON) -> list[tuple[str, str]]:
     def fmt(value: Any, spec: str = "") -> str:
         return "-" if value is None else format(value, spec)
 
-    resize = "-"
-    if last:
-        pause = fmt(last.get("pauseSeconds"), ".1f")
-        resize = f"{last.get('from')}→{last.get('to')} {last.get('reason', '')} pause {pause}s"
+    resize = describe_resize(last) if last else "-"
 
     return [
         ("phase", fmt(status.get("phase"))),
@@ -78,6 +75,47 @@ def view_rows(job: JSON) -> list[tuple[str, str]]:
         ("loss", fmt(progress.get("loss"), ".4f")),
         ("last resize", resize),
     ]
+
+
+# status.resizeHistory[].unmeasuredReason, in words.
+UNMEASURED = {"NotJoinedBeforeEnd": "pods started, the job finished before they joined"}
+
+
+def pause_ms(seconds: float) -> str:
+    """A pause in milliseconds: in-place resizes take well under a second ("paused 0 s" hid 240 ms)."""
+    return f"{seconds * 1000:.0f} ms"
+
+
+def describe_resize(r: JSON) -> str:
+    """One resize as a user reads it: the change, why, and what it cost or why that was not measured."""
+    head = f"{r.get('from')}→{r.get('to')} {r.get('reason', '')}"
+    if r.get("pauseSeconds") is not None:
+        lost = r.get("stepsLost")
+        return f"{head}: paused {pause_ms(r['pauseSeconds'])}" + (f", {lost} steps lost" if lost else "")
+    why = r.get("unmeasuredReason")
+    return f"{head}: {UNMEASURED.get(why, why)}" if why else f"{head}: pods only, not joined (yet)"
+
+
+def world_line(result: DemoResult) -> list[tuple[float, int]]:
+    """World size (ranks) against time from the trainer's measured resizes, at their own times.
+
+    Status polls come every few seconds, so a line drawn from them drops about 3 s after the interruption
+    and rises 3 s after the join (issue 38). The polls give only the first world and the end of the line.
+    """
+    status = result.status.get("status") or {}
+    first = next(((s["t"], s["world"]) for s in result.samples if s.get("world")), None)
+    if first is None:
+        return []
+    spec = result.status.get("spec") or {}
+    ranks = int((spec.get("trainer") or {}).get("procsPerWorker") or 1)
+    points = [first]
+    for r in status.get("resizeHistory") or []:
+        when = _seconds(r.get("time"), result.t0)
+        if r.get("pauseSeconds") is None or when is None or when <= first[0] or not r.get("to"):
+            continue
+        points.append((when, int(r["to"]) * ranks))
+    points.sort()
+    return [*points, (result.samples[-1]["t"], points[-1][1])]
 
 
 def write_timeline(result: DemoResult, path: Path) -> Path:
@@ -93,6 +131,8 @@ def write_timeline(result: DemoResult, path: Path) -> Path:
     series = (("world size", "world", "steps-post"), ("samples/s", "sps", None), ("loss", "loss", None))
     for ax, (label, key, draw) in zip(axes, series, strict=True):
         points = [(x, s[key]) for x, s in zip(t, samples, strict=True) if s[key] is not None]
+        if key == "world":
+            points = world_line(result) or points
         if points:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, drawstyle=draw or "default")
@@ -110,8 +150,7 @@ def write_timeline(result: DemoResult, path: Path) -> Path:
                 alpha=0.7,
             )
         axes[0].annotate(
-            f"{resize.get('from')}→{resize.get('to')} {resize.get('reason', '')}"
-            + (f" (paused {resize['pauseSeconds']:.0f} s)" if resize.get("pauseSeconds") is not None else ""),
+            describe_resize(resize),
             (when, 0.03),
             xycoords=("data", "axes fraction"),
             rotation=90,

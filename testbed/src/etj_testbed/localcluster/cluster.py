@@ -11,7 +11,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -30,9 +29,11 @@ from etj_testbed.localcluster.components import (
     Component,
     Layout,
     components,
+    ensure_ports_free,
     ports_from_base,
 )
 from etj_testbed.localcluster.errors import ClusterError
+from etj_testbed.localcluster.kueue import LocalKueue
 from etj_testbed.localcluster.pki import LocalPKI, Pair
 
 READY_TIMEOUT_S = 90.0
@@ -83,6 +84,7 @@ class LocalCluster:
                 self._save_state(started)
                 self._wait_ready(comp, proc)
             self._wait_default_service_account()
+            _forget_kueue_webhooks(self.layout)
         except BaseException:
             self._stop_pids(started)
             self.state_file.unlink(missing_ok=True)
@@ -94,6 +96,7 @@ class LocalCluster:
             self._down_locked(keep_data)
 
     def _down_locked(self, keep_data: bool) -> None:
+        LocalKueue(self.layout).down()  # an add-on: its webhooks go before the apiserver does
         state = self._load_state()
         self._stop_pids(state.get("pids", {}))
         self.state_file.unlink(missing_ok=True)
@@ -125,16 +128,11 @@ class LocalCluster:
     # ---- processes --------------------------------------------------------------------------
 
     def _check_ports_free(self) -> None:
-        for name, port in self.layout.ports.items():
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    raise ClusterError(
-                        f"port {port} ({name}) on 127.0.0.1 is in use by another process; stop it, "
-                        "or run `etj cluster down`, or pick other ports with ETJ_CLUSTER_PORT_BASE=<n>"
-                    ) from None
+        ensure_ports_free(
+            self.layout.ports.items(),
+            " by another process; stop it, or run `etj cluster down`, or pick other ports with "
+            "ETJ_CLUSTER_PORT_BASE=<n>",
+        )
 
     def _start(self, comp: Component) -> subprocess.Popen[bytes]:
         self.layout.logs.mkdir(parents=True, exist_ok=True)
@@ -284,6 +282,13 @@ class LocalCluster:
                 )
         except (urllib.error.URLError, OSError, ssl.SSLError):
             return None
+
+
+def _forget_kueue_webhooks(layout: Layout) -> None:
+    # Kueue (kueue.py) is an add-on that is never running right after the control plane (re)starts.
+    kueue = LocalKueue(layout)
+    if kueue.root.exists():
+        kueue.unregister_webhooks()
 
 
 def _alive(pid: int, name: str) -> bool:

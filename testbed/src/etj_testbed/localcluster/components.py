@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from etj_testbed.localcluster import toolchain
+from etj_testbed.localcluster.errors import ClusterError
 from etj_testbed.localcluster.pki import SERVICE_CIDR
 
 # Offsets from the port base (ETJ_CLUSTER_PORT_BASE, default 16400): apiserver on 16443 by default.
@@ -68,102 +71,143 @@ def ports_from_base(base: int) -> dict[str, int]:
 
 def components(layout: Layout) -> list[Component]:
     """The components in start order; each depends only on those before it."""
+    return [_etcd(layout), _apiserver(layout), _controller_manager(layout), _scheduler(layout), _kwok(layout)]
+
+
+def _etcd_url(layout: Layout) -> str:
+    return f"http://127.0.0.1:{layout.ports['etcd']}"
+
+
+def _delegated(layout: Layout, name: str) -> list[str]:
+    """The three delegated-auth flags, all reading the component's own kubeconfig."""
+    kc = layout.component_kubeconfig(name)
+    return [f"--kubeconfig={kc}", f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}"]
+
+
+def _etcd(layout: Layout) -> Component:
+    """etcd, the API server's store."""
+    p = layout.ports
+    etcd_url = _etcd_url(layout)
+    return Component(
+        "etcd",
+        [
+            str(toolchain.binary("etcd")),
+            "--name=etj",
+            f"--data-dir={layout.etcd_data}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-cluster=etj=http://127.0.0.1:{p['etcd-peer']}",
+            "--quota-backend-bytes=4294967296",
+            "--log-level=warn",
+        ],
+        ready_url=f"{etcd_url}/health",
+    )
+
+
+def _apiserver(layout: Layout) -> Component:
+    """The API server."""
     p, pki = layout.ports, layout.pki
-    etcd_url = f"http://127.0.0.1:{p['etcd']}"
+    etcd_url = _etcd_url(layout)
+    return Component(
+        "kube-apiserver",
+        [
+            str(toolchain.binary("kube-apiserver")),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={p['kube-apiserver']}",
+            f"--cert-dir={pki}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--event-ttl=2h",
+        ],
+        ready_url=f"{layout.server}/readyz",
+        client_cert=True,
+    )
+
+
+def _controller_manager(layout: Layout) -> Component:
+    """The controller-manager (node lifecycle, service accounts, certificates)."""
+    p, pki = layout.ports, layout.pki
+    return Component(
+        "kube-controller-manager",
+        [
+            str(toolchain.binary("kube-controller-manager")),
+            *_delegated(layout, "kube-controller-manager"),
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['kube-controller-manager']}",
+            f"--cert-dir={pki / 'kcm'}",
+            "--leader-elect=false",
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # Loopback clusters have no cloud; evict pods of NotReady nodes faster than 5 min.
+            "--node-monitor-grace-period=20s",
+        ],
+        ready_url=f"https://127.0.0.1:{p['kube-controller-manager']}/healthz",
+    )
+
+
+def _scheduler(layout: Layout) -> Component:
+    """The scheduler."""
+    p = layout.ports
+    return Component(
+        "kube-scheduler",
+        [
+            str(toolchain.binary("kube-scheduler")),
+            *_delegated(layout, "kube-scheduler"),
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['kube-scheduler']}",
+            "--leader-elect=false",
+        ],
+        ready_url=f"https://127.0.0.1:{p['kube-scheduler']}/healthz",
+    )
+
+
+def _kwok(layout: Layout) -> Component:
+    """kwok: the nodes that only exist in the API (the process nodes are proclet's)."""
+    p = layout.ports
     kc = layout.component_kubeconfig
-    delegated = lambda name: [  # noqa: E731 - the three delegated-auth flags read the same kubeconfig
-        f"--kubeconfig={kc(name)}",
-        f"--authentication-kubeconfig={kc(name)}",
-        f"--authorization-kubeconfig={kc(name)}",
-    ]
-    return [
-        Component(
-            "etcd",
-            [
-                str(toolchain.binary("etcd")),
-                "--name=etj",
-                f"--data-dir={layout.etcd_data}",
-                f"--listen-client-urls={etcd_url}",
-                f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
-                f"--initial-cluster=etj=http://127.0.0.1:{p['etcd-peer']}",
-                "--quota-backend-bytes=4294967296",
-                "--log-level=warn",
-            ],
-            ready_url=f"{etcd_url}/health",
-        ),
-        Component(
-            "kube-apiserver",
-            [
-                str(toolchain.binary("kube-apiserver")),
-                f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={p['kube-apiserver']}",
-                f"--cert-dir={pki}",
-                f"--tls-cert-file={pki / 'apiserver.crt'}",
-                f"--tls-private-key-file={pki / 'apiserver.key'}",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki / 'sa.pub'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
-                "--allow-privileged=true",
-                "--profiling=false",
-                "--event-ttl=2h",
-            ],
-            ready_url=f"{layout.server}/readyz",
-            client_cert=True,
-        ),
-        Component(
-            "kube-controller-manager",
-            [
-                str(toolchain.binary("kube-controller-manager")),
-                *delegated("kube-controller-manager"),
-                "--bind-address=127.0.0.1",
-                f"--secure-port={p['kube-controller-manager']}",
-                f"--cert-dir={pki / 'kcm'}",
-                "--leader-elect=false",
-                "--use-service-account-credentials=true",
-                f"--service-account-private-key-file={pki / 'sa.key'}",
-                f"--root-ca-file={pki / 'ca.crt'}",
-                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
-                f"--cluster-signing-key-file={pki / 'ca.key'}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                # Loopback clusters have no cloud; evict pods of NotReady nodes faster than 5 min.
-                "--node-monitor-grace-period=20s",
-            ],
-            ready_url=f"https://127.0.0.1:{p['kube-controller-manager']}/healthz",
-        ),
-        Component(
-            "kube-scheduler",
-            [
-                str(toolchain.binary("kube-scheduler")),
-                *delegated("kube-scheduler"),
-                "--bind-address=127.0.0.1",
-                f"--secure-port={p['kube-scheduler']}",
-                "--leader-elect=false",
-            ],
-            ready_url=f"https://127.0.0.1:{p['kube-scheduler']}/healthz",
-        ),
-        Component(
-            "kwok",
-            [
-                str(toolchain.binary("kwok")),
-                f"--kubeconfig={kc('kwok')}",
-                f"--config={toolchain.kwok_stages()}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}",
-                "--cidr=10.244.0.1/16",
-                "--node-ip=127.0.0.1",
-                # Heartbeats through node Leases like kubelets' (renewed every 40/4 = 10 s; the
-                # controller-manager's --node-monitor-grace-period of 20 s allows one missed renewal).
-                "--node-lease-duration-seconds=40",
-                f"--server-address=127.0.0.1:{p['kwok']}",
-            ],
-            ready_url=f"http://127.0.0.1:{p['kwok']}/healthz",
-        ),
-    ]
+    return Component(
+        "kwok",
+        [
+            str(toolchain.binary("kwok")),
+            f"--kubeconfig={kc('kwok')}",
+            f"--config={toolchain.kwok_stages()}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}",
+            "--cidr=10.244.0.1/16",
+            "--node-ip=127.0.0.1",
+            # Heartbeats through node Leases like kubelets' (renewed every 40/4 = 10 s; the
+            # controller-manager's --node-monitor-grace-period of 20 s allows one missed renewal).
+            "--node-lease-duration-seconds=40",
+            f"--server-address=127.0.0.1:{p['kwok']}",
+        ],
+        ready_url=f"http://127.0.0.1:{p['kwok']}/healthz",
+    )
+
+
+def ensure_ports_free(ports: Iterable[tuple[str, int]], advice: str) -> None:
+    """Refuse to start when any of ``ports`` ((name, port) pairs) on 127.0.0.1 is taken; ``advice`` ends
+    the message. Bound and released at once: a port in TIME_WAIT is no conflict (SO_REUSEADDR)."""
+    for name, port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                raise ClusterError(f"port {port} ({name}) on 127.0.0.1 is in use{advice}") from None

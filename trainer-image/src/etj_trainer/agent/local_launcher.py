@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -27,6 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from etj_contract import env as etj_env
 from etj_contract.progress import PROGRESS_PATH
@@ -35,7 +37,7 @@ from etj_trainer.core.progress import get_json, post_json
 
 
 def launch_store(
-    log: Path | None = None, port: int = 0, http_port: int = 0
+    log: Path | None = None, port: int = 0, http_port: int = 0, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], int, int]:
     """Start `etj-train store` on loopback (free ports unless given); return the process and its ports.
 
@@ -46,7 +48,7 @@ def launch_store(
            "--port", str(port), "--http-port", str(http_port)]  # fmt: skip
     out = open(log, "ab") if log is not None else None  # noqa: SIM115 - the child owns it
     try:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
     finally:
         if out is not None:
             out.close()
@@ -91,14 +93,26 @@ class LocalAgents:
     gone: set[subprocess.Popen[bytes]] = field(default_factory=set)
 
     def start_store(self) -> None:
-        self.store, port, http_port = launch_store(self.log_dir / "store.log")
+        self.store, port, http_port = launch_store(self.log_dir / "store.log", env=self.env)
         self.env[etj_env.RDZV_ENDPOINT.name] = f"127.0.0.1:{port}"
         self.progress_url = self.env[etj_env.PROGRESS_URL.name] = f"http://127.0.0.1:{http_port}/progress"
+        # What every pod's spec shows (never the token): the store's endpoint and the job's uid.
+        public = (etj_env.RDZV_ENDPOINT, etj_env.RDZV_ID)
+        (self.log_dir / "job.env").write_text(
+            "".join(f"{v.name}={self.env.get(v.name, '')}\n" for v in public)
+        )
         deadline = time.monotonic() + 60
-        while get_json(self.progress_url) is None:
+        while self.progress() is None:
             if time.monotonic() > deadline or self.store.poll() is not None:
                 raise RuntimeError("etj-train store did not come up; see store.log")
             time.sleep(0.2)
+
+    @property
+    def token(self) -> str | None:
+        return self.env.get(etj_env.PROGRESS_TOKEN.name)
+
+    def progress(self) -> dict[str, Any] | None:
+        return get_json(self.progress_url, token=self.token)
 
     def start_agent(self) -> None:
         i = len(self.agents)
@@ -127,7 +141,9 @@ class LocalAgents:
         print(f"etj-train local: step {ev.step}: {ev.action}{ev.count}", file=sys.stderr, flush=True)
         if ev.action == "^":  # what the operator does on `kubectl scale` (etj_contract.replicas)
             bounds = Replicas(int(self.env.get(etj_env.MIN_WORKERS.name, "1")), ev.count)
-            post_json(self.progress_url.replace(PROGRESS_PATH, REPLICAS_PATH), bounds.to_json())
+            post_json(
+                self.progress_url.replace(PROGRESS_PATH, REPLICAS_PATH), bounds.to_json(), token=self.token
+            )
             self.env[etj_env.MAX_WORKERS.name] = str(ev.count)
         elif ev.action == "+":
             for _ in range(ev.count):
@@ -185,6 +201,8 @@ def run_local(
         **train_env,
     }
     env.setdefault(etj_env.CHECKPOINT_DIR.name, str(log_dir / "checkpoints"))
+    # A token of its own, as the operator gives every job: the store's values and endpoint are authenticated.
+    env.setdefault(etj_env.PROGRESS_TOKEN.name, secrets.token_hex(16))
     # Ours to remove afterwards only when we chose it: a directory the caller named is theirs.
     made_local_dir = etj_env.LOCAL_CHECKPOINT_DIR.name not in env
     env.setdefault(etj_env.LOCAL_CHECKPOINT_DIR.name, f"/dev/shm/etj-local-{run_id}")
@@ -200,7 +218,7 @@ def run_local(
         deadline = time.monotonic() + timeout_s
         full = False  # the first `nodes` have trained together: the schedule may start
         while cluster.alive() and time.monotonic() < deadline:
-            doc = get_json(cluster.progress_url) or {}
+            doc = cluster.progress() or {}
             if doc:
                 last = doc
             step = int(doc.get("step", 0) or 0)
@@ -208,7 +226,7 @@ def run_local(
             while full and pending and step >= pending[0].step:
                 cluster.apply(pending.pop(0))
             time.sleep(0.1)
-        last = get_json(cluster.progress_url) or last
+        last = cluster.progress() or last
         codes = [a.wait(timeout=60) for a in cluster.agents]
     finally:
         cluster.stop()

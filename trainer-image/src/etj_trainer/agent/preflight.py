@@ -66,13 +66,14 @@ def check(env: Mapping[str, str], deep: bool = True) -> list[Refusal]:
 
     ``deep``: import the model's module (``etj-train local|train``); shallow, for ``etj-train worker``,
     which must not import torch before its forkserver does, it reads the module's source
-    (classifier/model_specs.py). Standard library only either way until a deep check imports the model.
+    (classifier/model_specs.py). Standard library only either way until a deep check imports the model,
+    but for the checkpoint bucket's probe (``_checkpoint_store``: the S3 client, over the network).
     """
+    found = _checkpoint_store(env)
     script = etj_env.SCRIPT.read(env)
     if script:  # a script opens its own data and builds its own model
         problem = script_problem(script)
-        return [Refusal(etj_env.SCRIPT, problem)] if problem else []
-    found = []
+        return found + ([Refusal(etj_env.SCRIPT, problem)] if problem else [])
     data = etj_env.DATA.read(env) or ""
     problem = data_problem(data)
     if problem is not None:
@@ -80,9 +81,22 @@ def check(env: Mapping[str, str], deep: bool = True) -> list[Refusal]:
             problem += " (the built-in trainer's data; or run your own loop with --script PATH)"
         found.append(Refusal(etj_env.DATA, problem))
     val = etj_env.VAL_DATA.read(env)
-    if val and (problem := data_problem(val)) is not None:
+    if val and (problem := data_problem(val, "val")) is not None:
         found.append(Refusal(etj_env.VAL_DATA, problem))
     model = etj_env.MODEL.read(env)  # unset: the built-in default, which exists
     if model and (problem := model_problem(model, deep)) is not None:
         found.append(Refusal(etj_env.MODEL, problem))
     return found
+
+
+def _checkpoint_store(env: Mapping[str, str]) -> list[Refusal]:
+    """The bucket check: ``--checkpoint-uri`` can be listed and written (a probe object, deleted after).
+    Without it a job whose bucket was unreachable trained a whole interval (or, issue 37, a whole run)
+    before its first shared write failed."""
+    uri = etj_env.CHECKPOINT_URI.read(env)
+    if not uri:
+        return []
+    from etj_trainer.checkpoint.object_store import probe_problem  # minio: no torch
+
+    problem = probe_problem(uri, env)
+    return [Refusal(etj_env.CHECKPOINT_URI, problem)] if problem else []

@@ -22,7 +22,6 @@ Pure sealing (``seal``/``unseal``) is separate from the store I/O so the format 
 from __future__ import annotations
 
 import binascii
-import hashlib
 import hmac
 import logging
 import pickle
@@ -33,6 +32,8 @@ from typing import Any
 from torch.distributed import Store
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, _RendezvousState
+
+from etj_trainer.core.mac import derive_key, mac
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,11 @@ _MAX_VERSION_DIGITS = 19
 def state_key(token: str) -> bytes:
     """The HMAC key for rendezvous state, derived from the job's token (its own purpose: a MAC made for
     one use of the token is no good for another)."""
-    return hmac.new(token.encode(), b"etj rendezvous state v1", hashlib.sha256).digest()
+    return derive_key(token, b"etj rendezvous state v1")
 
 
 def _mac(key: bytes, run_id: str, version: int, text: bytes) -> bytes:
-    msg = b"%s\x00%d\x00%s" % (run_id.encode(), version, text)
-    return hmac.new(key, msg, hashlib.sha256).hexdigest().encode()
+    return mac(key, run_id.encode(), b"%d" % version, text)
 
 
 def seal(key: bytes, run_id: str, version: int, state: bytes) -> bytes:
@@ -68,11 +68,11 @@ def unseal(key: bytes, run_id: str, raw: bytes) -> tuple[int, bytes] | None:
     parts = raw.split(b".", 3)
     if len(parts) != 4 or parts[0] != FORMAT:
         return None
-    _, version_text, mac, text = parts
+    _, version_text, tag, text = parts
     if not version_text.isdigit() or len(version_text) > _MAX_VERSION_DIGITS:
         return None
     version = int(version_text)
-    if not hmac.compare_digest(mac, _mac(key, run_id, version, text)):
+    if not hmac.compare_digest(tag, _mac(key, run_id, version, text)):
         return None
     try:
         return version, b64decode(text, validate=True)

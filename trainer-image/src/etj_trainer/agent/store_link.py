@@ -13,7 +13,7 @@ Yet training does not need the store: the workers' process group has its own sto
 - every ``probe_interval`` it tries the endpoint again. The operator replaces a lost store at once behind
   the same Service name, so a fresh lookup of the same endpoint finds the new one. A store that moves off a
   drained node is replaced before it goes (the Service selects the new one only once it is Ready, and the
-  old one is deleted after that: etj_operator.decide.store_move), so the first probe after the loss finds
+  old one is deleted after that: etj_operator.decide.plan.store_move), so the first probe after the loss finds
   it. A new store holds no rendezvous state (no round, no participants): every agent must join it again,
   or a joiner would form a world of its own there. So once a store answers, a fresh handler is built on it
   and ``num_nodes_waiting()`` says 1: the agent restarts its workers (they stop at a step boundary with their

@@ -253,7 +253,7 @@ def _first_round(cfg: AgentConfig, warmup: threading.Thread | None) -> Any:
         cfg.run_id,
         cfg.startup_workers,
         cfg.startup_wait_s,
-        lambda: door_open(cfg.endpoint, cfg.run_id),
+        lambda: door_open(cfg.endpoint, cfg.run_id, cfg.token),
     )
     if gate.door_open:
         rc = run_joiners(cfg)

@@ -28,7 +28,7 @@ class ElasticSampler:
 
     def __init__(self, dataset_size: int, seed: int, shuffle: bool = True) -> None:
         if dataset_size <= 0:
-            raise ValueError("dataset_size must be positive")
+            raise ValueError(f"dataset_size={dataset_size} must be positive")
         self.dataset_size = dataset_size
         self.seed = seed
         self.shuffle = shuffle

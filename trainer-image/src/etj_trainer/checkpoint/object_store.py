@@ -86,6 +86,18 @@ class ObjectDir:
             resp.close()
             resp.release_conn()
 
+    def read_if_present(self, name: str) -> bytes | None:
+        """``read``, or None for an object that is not there (pruned since a LIST): an answer, not a failure
+        to reach the store."""
+        from minio.error import S3Error
+
+        try:
+            return self.read(name)
+        except S3Error as e:
+            if e.code == "NoSuchKey":
+                return None
+            raise
+
     def names(self) -> list[str]:
         """Object names directly under the prefix."""
         objs = self.client.list_objects(self.location.bucket, prefix=self.location.prefix)
@@ -93,3 +105,29 @@ class ObjectDir:
 
     def delete(self, name: str) -> None:
         self.client.remove_object(self.location.bucket, self._key(name))
+
+
+PROBE_NAME = ".etj-preflight-probe"  # not a checkpoint name (store._NAME): LIST never offers it for a restore
+
+
+def probe_problem(uri: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Can the job list and write ``uri``? One LIST, one PUT of a small probe object, its DELETE; the problem
+    in words (endpoint and error), or None. Preflight runs it before training starts (agent/preflight.py):
+    a job that cannot write its checkpoints should not train for an interval first to find out."""
+    try:
+        objects = ObjectDir(uri, client_from_env(env))
+    except ValueError as e:
+        return str(e)
+    aws = os.environ if env is None else env
+    endpoint = aws.get("AWS_ENDPOINT_URL_S3") or aws.get("AWS_ENDPOINT_URL") or "AWS S3"
+    steps = (
+        ("list", objects.names),
+        ("write a probe object to", lambda: objects.write(PROBE_NAME, b"etj preflight probe\n")),
+        ("delete the probe object from", lambda: objects.delete(PROBE_NAME)),
+    )
+    for verb, op in steps:
+        try:
+            op()
+        except Exception as err:  # each step's failure is the answer
+            return f"cannot {verb} {objects} at {endpoint}: {type(err).__name__}: {err}"
+    return None

@@ -29,10 +29,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from etj_trainer.checkpoint.retry import Backoff, retried
 
 if TYPE_CHECKING:
     from etj_trainer.checkpoint.object_store import ObjectDir
@@ -47,6 +50,17 @@ _NAME = re.compile(r"^ckpt-(\d{9})\.pt$")
 
 class CorruptCheckpoint(Exception):
     pass
+
+
+class SharedWriteFailed(Exception):
+    """The shared copy (PVC or object store) of a checkpoint was not written: it is not durable."""
+
+
+class CheckpointNotDurable(RuntimeError):
+    """Too many shared writes failed in a row: the job stops rather than train on without a durable copy."""
+
+
+DEFAULT_POLICY = Backoff(120.0)  # TrainConfig.checkpoint_store_timeout_s's default
 
 
 def encode(state: dict[str, Any]) -> bytes:
@@ -135,18 +149,18 @@ def prune(directory: Path, keep: int) -> None:
         path.unlink(missing_ok=True)
 
 
-def load_latest_object(objects: ObjectDir) -> LoadedCheckpoint | None:
-    """``load_latest`` for an object store: the newest object that verifies."""
-    try:
-        found = _steps(objects.names())
-    except Exception as e:  # an unreachable store must not stop a restore from the local copy
-        log.warning("cannot list checkpoints in %s: %s", objects, e)
-        return None
+def load_latest_object(objects: ObjectDir, policy: Backoff) -> LoadedCheckpoint | None:
+    """``load_latest`` for an object store: the newest object that verifies. A LIST or GET that fails is
+    tried again (retry.py) and then raises ``StoreUnreachable``: never "no checkpoint", never an older one
+    in place of a newer that could not be read. A corrupt object, or one pruned since the LIST, is skipped."""
+    found = retried(lambda: _steps(objects.names()), f"list the checkpoints in {objects}", policy)
     for step, name in found:
+        blob = retried(partial(objects.read_if_present, name), f"read {objects}{name}", policy)
+        if blob is None:
+            continue
         try:
-            blob = objects.read(name)
             state = decode(blob)
-        except Exception as e:  # network, missing object, corrupt payload: try the next
+        except (CorruptCheckpoint, RuntimeError, EOFError) as e:
             log.warning("skipping unusable checkpoint %s%s: %s", objects, name, e)
             continue
         return LoadedCheckpoint(step=step, path=f"{objects}{name}", blob=blob, state=state)
@@ -168,11 +182,13 @@ class CheckpointStore:
         local_dir: Path | None,
         keep: int = 3,
         shared_objects: ObjectDir | None = None,
+        policy: Backoff = DEFAULT_POLICY,
     ) -> None:
         self.shared_dir = None if shared_objects is not None else shared_dir
         self.shared_objects = shared_objects
         self.local_dir = local_dir
         self.keep = keep
+        self.policy = policy  # how long a read of the object store is retried before it fails
 
     @classmethod
     def for_config(cls, cfg: TrainConfig) -> CheckpointStore:
@@ -181,22 +197,48 @@ class CheckpointStore:
             from etj_trainer.checkpoint.object_store import ObjectDir
 
             objects = ObjectDir(cfg.checkpoint_uri)
-        return cls(cfg.checkpoint_dir, cfg.local_checkpoint_dir, cfg.checkpoint_keep, objects)
+        policy = Backoff(cfg.checkpoint_store_timeout_s)
+        return cls(cfg.checkpoint_dir, cfg.local_checkpoint_dir, cfg.checkpoint_keep, objects, policy)
 
     @property
     def durable(self) -> bool:
         return self.shared_dir is not None or self.shared_objects is not None
 
     def save(self, state: dict[str, Any], step: int, shared: bool, local: bool = True) -> bytes:
+        """Write ``step``'s checkpoint; ``SharedWriteFailed`` when its shared copy was not written (the
+        local copy, first, is then written anyway)."""
         blob = encode(state)
-        for directory, wanted in ((self.local_dir, local), (self.shared_dir, shared)):
-            if directory is not None and wanted:
-                write_atomic(checkpoint_path(directory, step), blob)
-                prune(directory, self.keep)
-        if self.shared_objects is not None and shared:
-            self.shared_objects.write(checkpoint_name(step), blob)
-            prune_objects(self.shared_objects, self.keep)
+        if self.local_dir is not None and local:
+            write_atomic(checkpoint_path(self.local_dir, step), blob)
+            prune(self.local_dir, self.keep)
+        if shared and self.durable:
+            try:
+                self._write_shared(step, blob)
+            except Exception as e:  # the caller counts it (StateWriter) or raises it (the final write)
+                raise SharedWriteFailed(f"{self.shared_location(step)}: {type(e).__name__}: {e}") from e
+            try:
+                self._prune_shared()
+            except Exception as e:  # the checkpoint is durable; an old one more stays until the next prune
+                log.warning("could not prune old checkpoints: %s", e)
         return blob
+
+    def _write_shared(self, step: int, blob: bytes) -> None:
+        if self.shared_objects is not None:
+            self.shared_objects.write(checkpoint_name(step), blob)
+        elif self.shared_dir is not None:
+            write_atomic(checkpoint_path(self.shared_dir, step), blob)
+
+    def _prune_shared(self) -> None:
+        if self.shared_objects is not None:
+            prune_objects(self.shared_objects, self.keep)
+        elif self.shared_dir is not None:
+            prune(self.shared_dir, self.keep)
+
+    def shared_location(self, step: int) -> str:
+        """Where the shared copy of ``step`` is (status.lastCheckpoint.path): an s3:// URI or a file."""
+        if self.shared_objects is not None:
+            return f"{self.shared_objects}{checkpoint_name(step)}"
+        return str(checkpoint_path(self.shared_dir, step)) if self.shared_dir is not None else ""
 
     def latest(self) -> LoadedCheckpoint | None:
         """Newest verified checkpoint across the local and the shared copy."""
@@ -210,17 +252,17 @@ class CheckpointStore:
 
     def latest_object(self) -> LoadedCheckpoint | None:
         """Newest verified checkpoint in the object store (downloaded and decoded); None without one."""
-        return load_latest_object(self.shared_objects) if self.shared_objects is not None else None
+        if self.shared_objects is None:
+            return None
+        return load_latest_object(self.shared_objects, self.policy)
 
     def newest_object_step(self) -> int:
-        """The newest step the object store lists (a LIST, nothing downloaded); -1 for none or unreachable."""
-        if self.shared_objects is None:
+        """The newest step the object store lists (a LIST, nothing downloaded); -1 for none. Unreachable
+        raises ``StoreUnreachable`` after the retries (retry.py): it is not "none"."""
+        objects = self.shared_objects
+        if objects is None:
             return -1
-        try:
-            found = _steps(self.shared_objects.names())
-        except Exception as e:  # as load_latest_object: an unreachable store is no checkpoint
-            log.warning("cannot list checkpoints in %s: %s", self.shared_objects, e)
-            return -1
+        found = retried(lambda: _steps(objects.names()), f"list the checkpoints in {objects}", self.policy)
         return found[0][0] if found else -1
 
 
@@ -258,6 +300,12 @@ class StateWriter:
         self._snapshot_s = 0.0  # wall time of the last background write, copy included
         self._thread: threading.Thread | None = None
         self.written: list[tuple[int, bool, bool]] = []  # (step, shared, local) in write order
+        # What the operator is told (status.lastCheckpoint, condition CheckpointDurable): the newest shared
+        # write confirmed written {step, path, time}, and the shared writes that failed since, with the
+        # newest one's error. Set by the writer thread, read at step boundaries.
+        self.durable: dict[str, Any] | None = None
+        self.failed_writes = 0
+        self.shared_error: str | None = None
 
     def local_due(self) -> bool:
         if self.store.local_dir is None or self.local_interval_s <= 0:
@@ -293,9 +341,28 @@ class StateWriter:
             self._thread = None
 
     def _write(self, state: dict[str, Any], step: int, shared: bool, local: bool) -> None:
-        if (shared and self.store.durable) or (local and self.store.local_dir is not None):
+        shared = shared and self.store.durable
+        if not (shared or (local and self.store.local_dir is not None)):
+            return
+        try:
             self.store.save(state, step, shared=shared, local=local)
-            self.written.append((step, shared, local))
+        except SharedWriteFailed as e:
+            self.failed_writes, self.shared_error = self.failed_writes + 1, str(e)
+            raise
+        if shared:
+            self.durable = {"step": step, "path": self.store.shared_location(step), "time": time.time()}
+            self.failed_writes, self.shared_error = 0, None
+        self.written.append((step, shared, local))
+
+    def check_failures(self, max_failed_writes: int) -> None:
+        """Rank 0 at a step boundary: ``CheckpointNotDurable`` once more than ``max_failed_writes`` shared
+        writes failed in a row (spec.checkpoint.maxFailedWrites). Until then training goes on with the
+        node-local copies, and the progress reports carry the error."""
+        if self.failed_writes > max_failed_writes:
+            raise CheckpointNotDurable(
+                f"{self.failed_writes} shared checkpoint writes failed in a row "
+                f"(checkpoint.maxFailedWrites {max_failed_writes}); the newest: {self.shared_error}"
+            )
 
     def _write_logged(self, state: dict[str, Any], step: int, shared: bool, local: bool, t0: float) -> None:
         try:

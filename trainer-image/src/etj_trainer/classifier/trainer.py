@@ -122,8 +122,8 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
         job.finish(accuracy=accuracy)
     src.close()
     return TrainResult(
-        step=job.step,
-        epoch=job.sampler.epoch,
+        step=job.steps_done,
+        epoch=job.epoch,
         stopped_early=job.stopped_early,
         accuracy=accuracy,
         loss=job.loss,

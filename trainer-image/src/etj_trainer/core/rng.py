@@ -1,9 +1,10 @@
 """The random generators a step draws from, captured and put back in one place.
 
-Two uses, one capture: a step's undo (loop/step.py: put back exactly, every visible GPU's generator
-included, when the step does not commit) and a checkpoint or a joiner's state (``capture_rng`` and
-``restore_rng``: plain containers and tensors only, since checkpoints are loaded with weights_only=True,
-and the CUDA generator of this process's own GPU only, restored into each rank's own GPU).
+Two uses, one capture: a step's undo (``StepUndo``, taken by loop/step.py at every step's start: put
+back exactly, every visible GPU's generator included, when the step does not commit) and a checkpoint or
+a joiner's state (``capture_rng`` and ``restore_rng``: plain containers and tensors only, since
+checkpoints are loaded with weights_only=True, and the CUDA generator of this process's own GPU only,
+restored into each rank's own GPU).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from etj_trainer.core import devices
 
@@ -59,3 +61,30 @@ def restore_rng(rng: dict[str, Any]) -> None:
     numpy_state = (kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached)
     HostGenerators(rng["torch"], numpy_state, (version, tuple(state), None)).restore()
     devices.set_current_cuda_rng_state(rng.get("cuda"))
+
+
+@dataclass
+class StepUndo:
+    """What a step changes before its commit: the module buffers a forward pass updates (BatchNorm
+    statistics, DDP's buffer broadcast) and the RNG. Small next to the parameters; captured every step.
+    Here, not in the loop, so benchmarks time and check it alone (bench/step_overhead.py, gpu_check.py)."""
+
+    buffers: list[torch.Tensor]
+    rng: HostGenerators
+    cuda_rng: list[torch.Tensor]  # every visible GPU's generator (dropout, GPU augmentation)
+
+    @classmethod
+    def capture(cls, model: nn.Module | None) -> StepUndo:
+        return cls(
+            [b.detach().clone() for b in model.buffers()] if model is not None else [],
+            HostGenerators.capture(),
+            devices.cuda_rng_states(),
+        )
+
+    def restore(self, model: nn.Module | None) -> None:
+        if model is not None:
+            with torch.no_grad():
+                for b, saved in zip(model.buffers(), self.buffers, strict=True):
+                    b.copy_(saved)
+        self.rng.restore()
+        devices.set_cuda_rng_states(self.cuda_rng)

@@ -76,7 +76,7 @@ class World:
 def incarnation(dist_on: bool) -> float:
     """A world-wide id of this membership (rank 0's clock): tags sample-log lines, heartbeats and the store
     keys of a re-form."""
-    inc = [time.time()]
+    inc = torch.tensor([time.time()], dtype=torch.float64)  # a tensor, not a pickle (core/wire.py says why)
     if dist_on:
-        dist.broadcast_object_list(inc, src=0)
-    return float(inc[0])
+        dist.broadcast(inc, src=0)
+    return float(inc.item())

@@ -39,9 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from etj_trainer.data.specs import IMAGE_SUFFIXES
 from etj_trainer.data.stream import MEAN, STD, Augmenter, StreamItem, unpack
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 class CorruptImageError(ValueError):

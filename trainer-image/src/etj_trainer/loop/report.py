@@ -3,7 +3,7 @@
 Split out of job.py (the loop and its state) as one concern: the bookkeeping across memberships of
 where the world was (``prev_world``), where it restarted or re-formed (``restored_step``) and what the
 operator last heard (``last_reported_step``), from which the first step at a new size writes its resize
-record (pause, steps lost), and the progress document (etj_contract.progress) built from the job's state.
+record (pause, steps lost), and the progress document (etj_contract.progress) built from the loop's state.
 """
 
 from __future__ import annotations
@@ -13,38 +13,29 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
-
 from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
-from etj_trainer.batching.sampler import ElasticSampler
+from etj_trainer.checkpoint.store import StateWriter
 from etj_trainer.config import TrainConfig
 from etj_trainer.core.progress import ProgressReporter, get_json
 from etj_trainer.core.world import World
+from etj_trainer.loop._state import TrainState
 from etj_trainer.loop.step import Membership, lr_of
 
 
 class Reported(Protocol):
-    """What a report reads of the job (loop/job.py's ``Job``): its state, never its internals."""
+    """What a report reads of the loop (loop/_engine.py's ``Engine``): its state, never its internals."""
 
     @property
     def config(self) -> TrainConfig: ...
-    @property
-    def sampler(self) -> ElasticSampler: ...
     @property
     def world(self) -> World: ...
     @property
     def membership(self) -> Membership | None: ...
     @property
-    def optimizer(self) -> torch.optim.Optimizer | None: ...
+    def state(self) -> TrainState: ...  # the sampler, the steps done, meta, the optimizer, the pace
     @property
-    def step(self) -> int: ...
-    @property
-    def meta(self) -> dict[str, Any]: ...  # what the checkpoints carry: samples seen, resizes, LR
-    @property
-    def loss(self) -> float: ...
-    @property
-    def rate(self) -> float: ...  # samples a second
+    def writer(self) -> StateWriter: ...  # its shared writes: the newest failure while they fail
 
 
 @dataclass
@@ -98,28 +89,32 @@ class Report:
 
     def report(self, job: Reported, stop_now: bool) -> None:
         """Rank 0, at a step boundary (forced when the world stops or just resized)."""
-        first_after_resize = len(job.meta["resizes"]) > 0 and job.step == self.restored_step + 1
+        state = job.state
+        first_after_resize = len(state.meta["resizes"]) > 0 and state.steps_done == self.restored_step + 1
         self.reporter.report(progress(job), force=stop_now or first_after_resize)
 
 
 def progress(job: Reported) -> dict[str, Any]:
     """The job's progress document (etj_contract.progress) as JSON."""
-    m = job.membership
+    m, state = job.membership, job.state
     assert m is not None
+    meta, opt, loss = state.meta, state.optimizer, state.pace.loss
     doc = ProgressDoc(
-        epoch=job.sampler.epoch,
-        step=job.step,
-        samples_seen=job.meta["samples_seen"],
-        samples_total=job.sampler.dataset_size * job.config.epochs,
-        samples_per_second=round(job.rate, 2),
-        loss=job.loss if math.isfinite(job.loss) else None,
+        epoch=state.sampler.epoch,
+        step=state.steps_done,
+        samples_seen=meta["samples_seen"],
+        samples_total=state.sampler.dataset_size * job.config.epochs,
+        samples_per_second=round(state.pace.rate, 2),
+        loss=loss if math.isfinite(loss) else None,
         world_size=job.world.size,
         per_rank_batch=m.plan.per_rank_batch,
         per_worker_batch=m.plan.per_worker_batch,
         accumulation_steps=m.plan.accumulation_steps,
-        lr_multiplier=job.optimizer.lr_multiplier if isinstance(job.optimizer, DynamicSGD) else 1.0,
-        lr=float(job.meta.get("lr", lr_of(job.optimizer))),  # the LR the last step trained with
-        last_checkpoint=job.meta.get("last_checkpoint"),
-        resizes=tuple(r for r in map(ResizeRecord.from_json, job.meta["resizes"]) if r is not None),
+        lr_multiplier=opt.lr_multiplier if isinstance(opt, DynamicSGD) else 1.0,
+        lr=float(meta.get("lr", lr_of(opt))),  # the LR the last step trained with
+        last_checkpoint=meta.get("last_checkpoint"),
+        checkpoint_error=job.writer.shared_error,
+        failed_writes=job.writer.failed_writes or None,
+        resizes=tuple(r for r in map(ResizeRecord.from_json, meta["resizes"]) if r is not None),
     )
     return doc.to_json()

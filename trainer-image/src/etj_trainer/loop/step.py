@@ -1,12 +1,12 @@
 """One step of the loop API (etj_trainer.elastic), and the module a step trains through.
 
 ``Step`` is this rank's share of one global step: its micro-batches, the weighted backward and the commit
-(one all-reduce: the loss and every rank's stop code) before the optimizer step; ``_Undo`` is what a step
-changes before that commit point (module buffers, the RNG), put back when the step does not commit;
-``ElasticModule`` routes training forwards through the current membership's DDP wrapper and
-``Membership`` is one world's fixed ranks and batch plan. Split out of job.py (which keeps ``Job``, the
-loop and its state) so each module stays small: these parts only read the job's state and call back into
-it at the commit.
+(one all-reduce: the loss and every rank's stop code) before the optimizer step, which it applies to the
+``TrainState`` itself (loop/_state.py); what it changes before that commit point is put back when the step
+does not commit (core/rng.py's ``StepUndo``). A step reads a ``StepContext`` -- the state, its membership,
+the config, the schedule and the loop's ``Collectives`` -- never the Job. ``ElasticModule`` routes training
+forwards through the current membership's DDP wrapper (read through ``Forwarding``) and ``Membership`` is
+one world's fixed ranks, batch plan and DDP wrapper.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -28,12 +28,12 @@ from etj_trainer.batching.plan import BatchPlan, micro_slices
 from etj_trainer.batching.sampler import ElasticSampler
 from etj_trainer.batching.schedule import LrSchedule, lr_factor, position
 from etj_trainer.config import TrainConfig
-from etj_trainer.core import devices
-from etj_trainer.core.rng import HostGenerators
+from etj_trainer.core.rng import StepUndo
 from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.world import World
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop import loss as losses
+from etj_trainer.loop._state import TrainState
 from etj_trainer.resize import recover
 
 B = TypeVar("B")
@@ -46,39 +46,25 @@ class Feed(Protocol[B_co]):
     def feed(self, step: Step) -> Iterator[B_co]: ...
 
 
-class StepHost(Protocol):
-    """What a step, its module wrapper and its membership read of the job that runs them, and the one
-    call back at the commit. loop/job.py's ``Job`` is the implementation; this view is narrow so that
-    this module does not import job.py (which imports it) nor reach into the Job's private state."""
+class Collectives(Protocol):
+    """What a step asks of the loop that runs it (loop/_engine.py's ``Engine``): a guard around each of
+    its collectives (a peer's death marks the step lost), and this rank's code for the commit all-reduce."""
+
+    def guard(self) -> AbstractContextManager[None]: ...
+
+    def stop_code(self) -> int: ...  # core/stopping.py's codes: 0 trains on
+
+
+class Forwarding(Protocol):
+    """What ``ElasticModule`` reads of the loop: the current membership's DDP wrapper (None: one rank),
+    whether the step in progress is lost, and the guard a training forward's collective runs in."""
 
     @property
-    def config(self) -> TrainConfig: ...
-    @property
-    def sampler(self) -> ElasticSampler: ...
-    @property
-    def step(self) -> int: ...  # the last committed step
-    @property
-    def schedule(self) -> LrSchedule: ...
-    @property
-    def optimizer(self) -> torch.optim.Optimizer | None: ...
-    @property
-    def scaler(self) -> torch.amp.GradScaler | None: ...
-    @property
-    def model(self) -> ElasticModule | None: ...
-    @property
-    def ddp(self) -> nn.Module | None: ...  # the current membership's DDP wrapper (None: one rank)
+    def ddp(self) -> nn.Module | None: ...
     @property
     def step_lost(self) -> bool: ...
-    @property
-    def t_last_commit(self) -> float: ...  # time.monotonic() of the last commit (min_step_seconds)
-    @property
-    def samples_log(self) -> SampleLog | None: ...
 
-    def guard(self) -> AbstractContextManager[None]: ...  # around every collective of a step
-
-    def stop_code(self) -> int: ...  # this rank's code in the commit all-reduce (core/stopping.py)
-
-    def commit_step(self, step: Step, loss: float, codes: list[int]) -> None: ...
+    def guard(self) -> AbstractContextManager[None]: ...
 
 
 @dataclass
@@ -88,15 +74,18 @@ class Membership:
     world: World
     plan: BatchPlan
     incarnation: float  # a world-wide id (rank 0's clock): tags sample-log lines and regroup keys
-    job: StepHost
+    config: TrainConfig
+    state: TrainState
+    ddp: nn.Module | None = None  # None: one rank, or the world is re-forming (the wrapper went with it)
+    samples_log: SampleLog | None = None  # this membership's sample log (tagged with its incarnation)
 
     def upcoming(self) -> Iterator[Micro]:
         """Every micro-batch this rank will train on in this membership, in order (for prefetching
         loaders; a resize starts a new membership and with it a new stream)."""
-        job, cfg = self.job, self.job.config
-        sim = ElasticSampler(job.sampler.dataset_size, job.sampler.seed, job.sampler.shuffle)
-        sim.load_state_dict(job.sampler.state_dict())
-        step = job.step
+        cfg, sampler = self.config, self.state.sampler
+        sim = ElasticSampler(sampler.dataset_size, sampler.seed, sampler.shuffle)
+        sim.load_state_dict(sampler.state_dict())
+        step = self.state.steps_done
         while still_training(cfg, sim.epoch, step):
             gidx = sim.next_global_batch(self.plan.global_batch)
             mine = ElasticSampler.rank_slice(gidx, self.world.size, self.world.rank)
@@ -106,6 +95,17 @@ class Membership:
             step += 1
 
 
+@dataclass(frozen=True)
+class StepContext:
+    """What a step reads of the loop that runs it, in place of the Job (one per membership)."""
+
+    state: TrainState
+    membership: Membership
+    config: TrainConfig
+    schedule: LrSchedule
+    loop: Collectives
+
+
 class ElasticModule(nn.Module):
     """The user's module, trained through the DDP wrapper of the current membership.
 
@@ -113,18 +113,18 @@ class ElasticModule(nn.Module):
     (no collective, so rank 0 may evaluate alone). ``state_dict`` is the module's own (no ``module.``).
     """
 
-    def __init__(self, module: nn.Module, job: StepHost) -> None:
+    def __init__(self, module: nn.Module, loop: Forwarding) -> None:
         super().__init__()
         self.module = module
-        self._job = [job]  # in a list: not a submodule, not part of the state
+        self._loop = [loop]  # in a list: not a submodule, not part of the state
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        job = self._job[0]
-        if not (self.training and torch.is_grad_enabled()) or job.ddp is None:
+        loop = self._loop[0]
+        if not (self.training and torch.is_grad_enabled()) or loop.ddp is None:
             return self.module(*args, **kwargs)
-        if not job.step_lost:
-            with job.guard():  # DDP broadcasts buffers here: a collective
-                return job.ddp(*args, **kwargs)
+        if not loop.step_lost:
+            with loop.guard():  # DDP broadcasts buffers here: a collective
+                return loop.ddp(*args, **kwargs)
         return self._discarded(*args, **kwargs)  # the step is lost (a peer died): it is redone later
 
     def _discarded(self, *args: Any, **kwargs: Any) -> Any:
@@ -146,63 +146,46 @@ class ElasticModule(nn.Module):
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
-@dataclass
-class _Undo:
-    """What a step changes before its commit point: the module buffers a forward pass updates (BatchNorm
-    statistics, DDP's buffer broadcast) and the RNG. Small next to the parameters; captured every step."""
-
-    buffers: list[torch.Tensor]
-    rng: HostGenerators
-    cuda_rng: list[torch.Tensor]  # every visible GPU's generator (dropout, GPU augmentation)
-
-    @classmethod
-    def capture(cls, model: nn.Module | None) -> _Undo:
-        return cls(
-            [b.detach().clone() for b in model.buffers()] if model is not None else [],
-            HostGenerators.capture(),
-            devices.cuda_rng_states(),
-        )
-
-    def restore(self, model: nn.Module | None) -> None:
-        if model is not None:
-            with torch.no_grad():
-                for b, saved in zip(model.buffers(), self.buffers, strict=True):
-                    b.copy_(saved)
-        self.rng.restore()
-        devices.set_cuda_rng_states(self.cuda_rng)
-
-
 class Step:
     """One global step: this rank's share of the step's indices, in micro-batches."""
 
-    def __init__(self, job: StepHost, membership: Membership) -> None:
-        self.job = job
-        self.membership = membership
-        self.number = job.step + 1  # 1-based: the step this trains
-        sampler = job.sampler
+    def __init__(self, ctx: StepContext) -> None:
+        self._ctx = ctx
+        self.membership = membership = ctx.membership
+        state = ctx.state
+        self.number = state.steps_done + 1  # 1-based: the step this trains
+        sampler = state.sampler
         self.epoch = sampler.epoch
         self.indices = sampler.next_global_batch(membership.plan.global_batch)  # the whole world's
         self.ids = ElasticSampler.rank_slice(self.indices, membership.world.size, membership.world.rank)
         n = sampler.dataset_size
         before = position(sampler.epoch, sampler.state.consumed, n)
         self.position = (before, before + len(self.indices) / n)  # epochs, before and after this step
-        if isinstance(job.optimizer, DynamicSGD):
+        if isinstance(state.optimizer, DynamicSGD):
             # The schedule follows the samples seen, so a resize (any new world size) leaves it in place.
-            job.optimizer.set_schedule_factor(lr_factor(job.schedule, *self.position))
-        self.lr = lr_of(job.optimizer)
+            state.optimizer.set_schedule_factor(lr_factor(ctx.schedule, *self.position))
+        self.lr = lr_of(state.optimizer)
         self.loss_sum: torch.Tensor | None = None  # on the loss's device; to the host at the commit
         self._scale = membership.world.size / len(self.indices)
-        self._undo = _Undo.capture(job.model.module if job.model is not None else None)
+        self._undo = StepUndo.capture(state.module)
         self.committed = False
+        self.codes: list[int] = []  # every rank's stop code, from the commit all-reduce
+        # An empty share is one empty micro-batch: every rank takes part in the gradient all-reduce.
+        self._slices = micro_slices(self.ids, ctx.config.micro_batch_size) or [self.ids[:0]]
+        # Micro-batches that had their backward, and the one being trained: all must have run before
+        # the gradients are used (clip_gradients, optimizer_step).
+        self._ran, self._micro, self._backed = 0, -1, -1
         self._micro_samples: int | None = None  # the micro-batch being trained (a mean loss's count)
+        self._count: int | None = None  # backward(count=...): this rank's counts, the step weighs by them
+        self._count_reduced = False
+        self._divisor = float(len(self.indices))  # what the step's summed loss is a mean over
         self.lost: recover.Lost | None = None  # a peer died in this step: it is redone in a new membership
-        if job.optimizer is not None:
-            job.optimizer.zero_grad()  # to None, as a plain loop does: no memset of every gradient a step
+        if state.optimizer is not None:
+            state.optimizer.zero_grad()  # to None, as a plain loop does: no memset of every gradient a step
 
     def roll_back(self) -> None:
         """Put back what this step changed before its commit point (it did not commit)."""
-        model = self.job.model
-        self._undo.restore(model.module if model is not None else None)
+        self._undo.restore(self._ctx.state.module)
 
     def micro_batches(self) -> Iterator[Micro]:
         """This rank's share in micro-batches; DDP syncs gradients only in the last one's backward.
@@ -210,13 +193,12 @@ class Step:
         A rank whose share is empty (an epoch's last, short step) gets one empty micro-batch: run it anyway
         (an empty forward and backward), every rank must take part in the gradient all-reduce.
         """
-        ddp = self.job.ddp
-        slices = micro_slices(self.ids, self.job.config.micro_batch_size) or [self.ids[:0]]
-        for i, ids in enumerate(slices):
+        ddp = self.membership.ddp
+        for i, ids in enumerate(self._slices):
             if self.lost is not None:
                 return  # the rest of a lost step is not run
-            last = i == len(slices) - 1
-            self._micro_samples = len(ids)
+            last = i == len(self._slices) - 1
+            self._micro_samples, self._micro = len(ids), i
             with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # type: ignore[operator]
                 yield Micro(self.epoch, ids)
         self._micro_samples = None
@@ -226,49 +208,141 @@ class Step:
         item (DDP's no_sync, the mean loss's count), an empty share an empty batch of the right shape."""
         return feed.feed(self)
 
-    def backward(self, loss: torch.Tensor, reduction: str | None = None) -> None:
+    def backward(self, loss: torch.Tensor, reduction: str | None = None, *, count: int | None = None) -> None:
         """Backward of a micro-batch's loss, weighted so DDP's average is the global batch's mean.
 
         ``loss``: the micro-batch's mean (PyTorch's default), its sum, or one loss per sample; the
         reduction is read from the loss's graph where that is certain, else it must be given
         (``reduction="mean"|"sum"``), see loop/loss.py. A mean is rescaled by the micro-batch's samples.
+
+        ``count``: weigh the micro-batch by a count of its own (e.g. its non-padding tokens) instead of
+        its samples: a mean is rescaled by ``count`` and the step's gradient and loss become the mean over
+        the whole global batch's counts (all-reduced once the micro-batches have run). Every micro-batch
+        of a step, on every rank, passes a count or none does.
         """
         if self.lost is not None:
             return
-        loss = losses.summed(loss, self._micro_samples, reduction)
+        if count is None and self._count is not None:
+            raise ValueError(_MIXED)
+        if self._micro_samples is not None and self._backed != self._micro:
+            self._ran, self._backed = self._ran + 1, self._micro  # this micro-batch's first backward
+        weight = self._micro_samples if count is None else self._counted(count)
+        loss = losses.summed(loss, weight, reduction)
         scaled = loss * self._scale
-        scaler = self.job.scaler
-        with self.job.guard():  # the last micro-batch's backward all-reduces the gradients
+        scaler = self._ctx.state.scaler
+        with self._ctx.loop.guard():  # the last micro-batch's backward all-reduces the gradients
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         summed = loss.detach().double()
         self.loss_sum = summed if self.loss_sum is None else self.loss_sum + summed
 
+    def _counted(self, count: int) -> int:
+        """``backward(count=...)``: add a micro-batch's count to the step's."""
+        if self._micro_samples is None:
+            raise ValueError("backward(count=...) weighs a micro-batch: call it inside step.batches()")
+        if count < 0:
+            raise ValueError(f"backward(count={count}): a count is not negative")
+        if self._count is None and self.loss_sum is not None:
+            raise ValueError(_MIXED)
+        self._count = (self._count or 0) + count
+        return count
+
+    def clip_gradients(self, max_norm: float) -> torch.Tensor:
+        """Clip the step's gradients (all-reduced, after every micro-batch) to a total 2-norm of at most
+        ``max_norm``; returns the norm before clipping (``torch.nn.utils.clip_grad_norm_``), inf or NaN when
+        an fp16 step overflowed (which the GradScaler then skips). Call it before ``optimizer_step()``.
+
+        Under fp16 the gradients are still multiplied by the GradScaler's scale: the norm is unscaled
+        before the clipping factor is taken from it, the same factor and the same gradients as
+        ``scaler.unscale_`` then clipping (the scale is a power of two, so both are exact), without
+        marking the optimizer unscaled -- a mark that a step redone after a peer's death would trip over."""
+        if self.lost is None:
+            self._gradients_done("step.clip_gradients()")
+        if self.lost is not None:
+            return torch.tensor(math.nan)
+        scaler = self._ctx.state.scaler
+        scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else 1.0
+        params = _stepped(self._ctx.state.optimizer)
+        norm = torch.nn.utils.get_total_norm(_grads(params)) / scale
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        return norm
+
+    def _gradients_done(self, caller: str) -> None:
+        """The step's gradients are complete: every micro-batch ran (the last one's backward all-reduces
+        them), and a count-weighted step is turned into the mean over the world's counts (once)."""
+        if self._ran < len(self._slices):
+            raise RuntimeError(
+                f"{caller}: only {self._ran} of {len(self._slices)} micro-batches of step {self.number} ran "
+                "(had their backward); read step.batches() to its end and call step.backward in each -- "
+                "DDP syncs the gradients in the last one's backward, and the samples left out would never "
+                "be trained"
+            )
+        if self._count is None or self._count_reduced:
+            return
+        total = _world_total(self._count, self.membership.world, self._ctx.loop.guard)
+        self._count_reduced = True
+        if self.lost is None:
+            # The gradients and the loss summed over counts, weighted by world/samples like any step's:
+            # rescaled, they are the mean over the global batch's counts.
+            self._divisor = float(max(total, 1))
+            _scale_gradients(self._ctx.state.optimizer, len(self.indices) / self._divisor)
+
     def optimizer_step(self) -> None:
-        """Commit the step (one all-reduce: the loss and every rank's stop code), then the optimizer step."""
-        job, w = self.job, self.membership.world
-        cfg = job.config
+        """Commit the step (one all-reduce: the loss and every rank's stop code), then the optimizer step
+        (``TrainState.apply``); the loop acts on the codes at the step boundary."""
+        ctx, w, log = self._ctx, self.membership.world, self.membership.samples_log
+        cfg = ctx.config
         if self.lost is not None:
             return
-        with job.guard():
+        self._gradients_done("step.optimizer_step()")
+        if self.lost is not None:
+            return  # the count all-reduce failed: the step is redone
+        with ctx.loop.guard():
             floor = cfg.step_floor_s(len(self.ids))
             if floor > 0:
-                time.sleep(max(0.0, floor - (time.monotonic() - job.t_last_commit)))
-            if job.samples_log is not None:
+                time.sleep(max(0.0, floor - (time.monotonic() - ctx.state.pace.t_last_commit)))
+            if log is not None:
                 # Logged before the commit: a rank killed right after it used to leave a committed step
                 # without its record (bench/chaos.py). A record of a step that never commits is harmless:
                 # the redo logs it again under a newer incarnation, and the checker keeps the newest.
-                job.samples_log.write(self.epoch, self.number, w.size, self.ids, lr=self.lr)
+                log.write(self.epoch, self.number, w.size, self.ids, lr=self.lr)
             stats = torch.zeros(1 + w.size, dtype=torch.float64)
             if self.loss_sum is not None:
                 stats[0] = self.loss_sum  # the step's one device-to-host copy of the loss
-            stats[1 + w.rank] = float(job.stop_code())
+            stats[1 + w.rank] = float(ctx.loop.stop_code())
             if w.dist_on:
                 dist.all_reduce(stats)
         if self.lost is not None:
             return  # the commit failed: nothing changed, the step is redone
-        job.commit_step(
-            self, float(stats[0]) / len(self.indices), [int(c) for c in stats[1:].round().tolist()]
-        )
+        self.codes = [int(c) for c in stats[1:].round().tolist()]
+        ctx.state.apply(len(self.indices), self.lr, float(stats[0]) / self._divisor)
+        self.committed = True
+
+
+_MIXED = "a step's micro-batches are weighted all by backward(count=...) or all by their samples, not both"
+
+
+def _world_total(count: int, world: World, guard: Callable[[], AbstractContextManager[None]]) -> int:
+    """A count-weighted step's counts, every rank's together: one all-reduce (every rank weighs by count)."""
+    stats = torch.tensor([float(count)], dtype=torch.float64)
+    if world.dist_on:
+        with guard():
+            dist.all_reduce(stats)
+    return int(stats.round().item())
+
+
+def _stepped(opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The parameters ``opt`` steps (its groups')."""
+    return [p for g in (opt.param_groups if opt is not None else []) for p in g["params"]]
+
+
+def _grads(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [g for p in params if (g := p.grad) is not None]
+
+
+def _scale_gradients(opt: torch.optim.Optimizer | None, factor: float) -> None:
+    grads = _grads(_stepped(opt))
+    if grads:
+        torch._foreach_mul_(grads, factor)
 
 
 def still_training(cfg: TrainConfig, epoch: int, step: int) -> bool:

@@ -30,9 +30,22 @@ from etj_trainer.resize import bounds, join, recover, regroup
 from etj_trainer.resize.state_sync import broadcast_state, newest_step
 
 
+class HeldState(Protocol):
+    """The state a rank holds (loop/_state.py's ``TrainState``): the one thing a resize sends and sets."""
+
+    @property
+    def steps_done(self) -> int: ...  # the last committed step
+    @property
+    def module(self) -> nn.Module | None: ...
+
+    def state_dict(self, world_size: int) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
+
+
 class ResizingJob(Protocol):
-    """What the resize paths read and set of the job (loop/job.py's ``Job``): who it is, which step it
-    holds and its state as a whole; a narrow view, so this layer does not import the loop above it."""
+    """What the resize paths read of the loop (loop/_engine.py's ``Engine``): who it is and the state it
+    holds; a narrow view, so this layer does not import the loop above it."""
 
     @property
     def world(self) -> World: ...
@@ -41,13 +54,7 @@ class ResizingJob(Protocol):
     @property
     def incarnation(self) -> float: ...  # the current membership's id
     @property
-    def step(self) -> int: ...  # the last committed step
-    @property
-    def model(self) -> nn.Module | None: ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state(self, state: dict[str, Any]) -> None: ...
+    def state(self) -> HeldState: ...
 
 
 Resize = regroup.Regroup | recover.Lost | join.Ticket  # what a world changes in process for
@@ -91,17 +98,17 @@ class InPlace:
         elif isinstance(to, regroup.Regroup) and to.admit:  # old ranks keep their numbers; joiners after
             # the job's maximum as the operator last set it: `kubectl scale` after this world started
             max_ranks = bounds.max_workers(cfg.progress_url, cfg.max_workers) * w.local_size
-            adm = join.admission(self.door, membership, job.step, w.rank, w.size, max_ranks)
+            adm = join.admission(self.door, membership, job.state.steps_done, w.rank, w.size, max_ranks)
             if not adm.joiners:
                 return None
             regroup.reform(adm.key, w.rank, adm.new_size)
             sync_state(job, World.current())
         elif isinstance(to, recover.Lost):
             recover.recover_in_place(to, membership, w.rank, w.size, cfg.min_workers * w.local_size)
-            self.last_failed_step = job.step
+            self.last_failed_step = job.state.steps_done
             sync_state(job, World.current())
         else:
-            regroup.reform(f"{membership}/{job.step}", to.new_rank(w.rank), len(to.survivors))
+            regroup.reform(f"{membership}/{job.state.steps_done}", to.new_rank(w.rank), len(to.survivors))
         self.states_agree = True
         return old_size, World.current()
 
@@ -116,17 +123,20 @@ def sync_state(job: ResizingJob, w: World, behind: bool = False) -> None:
     """After an in-place re-form: every rank takes the newest committed step, tensor by tensor from the
     lowest rank holding it (a no-op when all agree, as they do unless a peer died inside the commit).
     ``behind``: this rank holds no step yet (a joiner)."""
-    best, src, steps = newest_step(-1 if behind else job.step)
+    held = job.state
+    best, src, steps = newest_step(-1 if behind else held.steps_done)
     if all(s == best for s in steps):
         return
-    assert job.model is not None
-    live = job.model.state_dict()
+    assert held.module is not None
+    live = held.module.state_dict()
 
     def target(path: tuple[str, ...], _shape: Any, _dtype: Any) -> Any:
         # the model's tensors are received in place; the rest (optimizer state...) as new tensors
         return live.get(path[1]) if path[:1] == ("model",) and len(path) == 2 else None
 
-    state = broadcast_state(job.state_dict() if w.rank == src else None, src, w.rank, target, w.device)
+    # the sender's meta carries its world's size as it was before this re-form, as a checkpoint would
+    mine = held.state_dict(job.world.size) if w.rank == src else None
+    state = broadcast_state(mine, src, w.rank, target, w.device)
     if w.rank != src:
-        job.load_state(state)
+        held.load_state(state)
     print(f"etj: state of step {best} from rank {src} (steps were {steps})", flush=True)

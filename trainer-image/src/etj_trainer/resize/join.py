@@ -17,6 +17,13 @@ ticket. Admission, TorchFT-style, happens at a step boundary of the running worl
 
 A joiner not admitted within ``JOIN_WAIT_S`` withdraws and exits ``EXIT_RESIZE``; its agent then joins the
 rendezvous (the restart path, the fallback). Pure decisions here (``plan_admission``); the rest is I/O.
+
+Only token holders take part (core/mac.py): every key lives under the job's token-derived namespace and
+every value a rank acts on -- a queue entry, a ticket, the size, the admission -- is sealed with the token
+over its key's name. A queue entry's seal is the joiner's proof of the token: rank 0 admits only entries
+that open, so a client with the store's endpoint and the job's uid but not the token is never given a
+ticket, never forms a group with the world and receives no state; and a joiner takes only a ticket that
+opens, so nobody can hand it a "world" of their own.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import torch.distributed as dist
 
 from etj_contract import env as etj_env
 from etj_trainer.core import stopping, store_client
+from etj_trainer.core.mac import Sealer, job_sealer
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +99,7 @@ def _client() -> dist.TCPStore:
 
 
 def _prefix() -> str:
-    return f"etj-join/{etj_env.RDZV_ID.get(os.environ, 'etj')}"
+    return job_sealer().name("etj-join")
 
 
 def joining() -> bool:
@@ -99,11 +107,13 @@ def joining() -> bool:
     return bool(etj_env.JOIN_IN_PLACE.get(os.environ, False))
 
 
-def door_open(endpoint: str, run_id: str) -> bool:
+def door_open(endpoint: str, run_id: str, token: str = "") -> bool:
     """Has a world of this job opened its door to joiners (its rank 0 runs with in-place resizes)? The
     agent's test for "join in place" rather than through the rendezvous: false before the first world."""
     store = store_client.connect(endpoint, timedelta(seconds=60))
-    return bool(store.check([f"etj-join/{run_id}/open"]))
+    sealer = Sealer.for_job(token, run_id)
+    key = sealer.name("etj-join", "open")
+    return bool(store.check([key])) and sealer.open(key, store.get(key)) == "1"
 
 
 @dataclass
@@ -112,18 +122,19 @@ class Door:
 
     store: dist.TCPStore
     prefix: str
+    sealer: Sealer
     admitted: int = 0  # entries of the waiting list already handled (admitted or skipped)
     waiting: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
     def open(cls) -> Door:
-        d = cls(_client(), _prefix())
+        d = cls(_client(), _prefix(), job_sealer())
         # Where the previous rank 0 (an earlier world of this job) stopped: joiners that queued while the
         # world restarted are still admitted.
         d.admitted = int(d.store.add(f"{d.prefix}/handled", 0))
         d.waiting = int(d.store.add(f"{d.prefix}/n", 0))
-        d.store.set(f"{d.prefix}/open", "1")
+        d.store.set(f"{d.prefix}/open", d.sealer.seal(f"{d.prefix}/open", "1"))
         threading.Thread(target=d._run, name="etj-join-door", daemon=True).start()
         return d
 
@@ -151,13 +162,16 @@ class Door:
     def admit(self, membership: str, step: int, world: int, max_ranks: int) -> Admission:
         """Admit who may come (rank 0, at the boundary every rank agreed on); publishes the admission."""
         n = int(self.store.add(f"{self.prefix}/n", 0))
-        ids = [self.store.get(f"{self.prefix}/waiting/{i}").decode() for i in range(self.admitted, n)]
+        ids = [e for i in range(self.admitted, n) if (e := self._entry(i)) is not None]  # the token's holders
         key = f"join/{membership}/{step}"
         joiners: list[str] = []
         size = world
         for node, procs in plan_admission(ids, world, max_ranks):
-            ticket = json.dumps({"key": key, "rank": size, "old": world})  # its local rank 0's rank
-            if self.store.compare_set(f"{self.prefix}/ticket/{node}", "", ticket).decode() == ticket:
+            tk = f"{self.prefix}/ticket/{node}"
+            ticket = self.sealer.seal(
+                tk, json.dumps({"key": key, "rank": size, "old": world})
+            )  # local rank 0's
+            if self.store.compare_set(tk, "", ticket).decode() == ticket:
                 joiners.append(node)  # else: it withdrew
                 size += procs
         # Everyone looked at is handled: one left out for lack of room (the job is at its maximum) is not
@@ -166,11 +180,17 @@ class Door:
         self.admitted = n
         adm = Admission(key, world, tuple(joiners), size)
         # The final size, now that it is known, for the joiners (their ticket said where, this says how many).
-        self.store.set(f"{self.prefix}/size/{key}", str(adm.new_size))
-        self.store.set(
-            f"{self.prefix}/admission/{membership}/{step}", json.dumps([key, world, joiners, adm.new_size])
-        )
+        self._set(f"size/{key}", str(adm.new_size))
+        self._set(f"admission/{membership}/{step}", json.dumps([key, world, joiners, adm.new_size]))
         return adm
+
+    def _set(self, suffix: str, value: str) -> None:
+        self.store.set(f"{self.prefix}/{suffix}", self.sealer.seal(f"{self.prefix}/{suffix}", value))
+
+    def _entry(self, i: int) -> str | None:
+        """Queue entry ``i`` when it opens with the job's token (its joiner's proof); None otherwise."""
+        k = f"{self.prefix}/waiting/{i}"
+        return self.sealer.open(k, self.store.get(k))
 
 
 def admission(
@@ -183,7 +203,10 @@ def admission(
     store = door.store if door is not None else _client()
     k = f"{_prefix()}/admission/{membership}/{step}"
     store.wait([k])
-    key, old, joiners, new_size = json.loads(store.get(k))
+    opened = job_sealer().open(k, store.get(k))
+    if opened is None:  # rank 0 writes it, sealed: this is not rank 0's (the restart path)
+        raise RuntimeError("the admission failed its check (not sealed with the job's token)")
+    key, old, joiners, new_size = json.loads(opened)
     return Admission(key, int(old), tuple(joiners), int(new_size))
 
 
@@ -201,7 +224,7 @@ def ask(
     two step boundaries, 2->3->4): each counts itself warm on the store, the node's local rank 0 queues the
     node once all of them are, and withdraws it if need be; the ticket says where the node's ranks start.
     """
-    store, prefix = _client(), _prefix()
+    store, prefix, sealer = _client(), _prefix(), job_sealer()
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if procs is None:
@@ -224,18 +247,24 @@ def ask(
     if local_rank == 0:
         waiting_for(lambda: int(store.add(f"{prefix}/warm/{node}", 0)) >= procs)
         i = int(store.add(f"{prefix}/n", 1)) - 1
-        store.set(f"{prefix}/waiting/{i}", entry(node, procs))
+        store.set(f"{prefix}/waiting/{i}", sealer.seal(f"{prefix}/waiting/{i}", entry(node, procs)))
         waiting_for(lambda: store.check([tk]))
         got = store.compare_set(tk, "", WITHDRAWN).decode()
     else:  # the node's local rank 0 decides: admitted, or withdrawn (then it writes WITHDRAWN)
         while not store.check([tk]) and time.monotonic() < deadline + JOIN_WAIT_GRACE_S:
             time.sleep(POLL_S * 10)
         got = store.get(tk).decode() if store.check([tk]) else WITHDRAWN
-    if got == WITHDRAWN:
+    opened = sealer.open(tk, got) if got != WITHDRAWN else None  # a ticket not of rank 0's: never taken
+    if opened is None:
         why = "the door shut (the world stopped)" if time.monotonic() < deadline else f"{wait_s:.0f} s passed"
+        why = why if got == WITHDRAWN else "the ticket failed its check (not sealed with the job's token)"
         print(f"etj: not admitted: {why}; withdrawing", flush=True)
         return None
-    t = json.loads(got)
-    store.wait([f"{prefix}/size/{t['key']}"])
-    size = int(store.get(f"{prefix}/size/{t['key']}"))
+    t = json.loads(opened)
+    sk = f"{prefix}/size/{t['key']}"
+    store.wait([sk])
+    size = int(sealer.open(sk, store.get(sk)) or -1)
+    if size < 0:
+        print("etj: not admitted: the size failed its check; withdrawing", flush=True)
+        return None
     return Ticket(t["key"], int(t["rank"]) + local_rank, size, int(t["old"]))

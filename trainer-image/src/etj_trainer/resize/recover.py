@@ -23,6 +23,11 @@ Anything else -- an error that is not a lost peer, fewer members than the job's 
 at the same step -- re-raises, and torch elastic restarts the world from the checkpoints (the fallback),
 with the reason logged. Decisions are pure functions (tested by tables); ``Heartbeat`` and ``recover_world``
 are the I/O.
+
+Only token holders take part (core/mac.py): the heartbeats and the recovery's records live under the job's
+token-derived namespace, and the registrations and the member list are sealed with the token over their
+key's name (which carries the membership), so a client without the token can neither keep a dead rank
+"alive", nor register a rank, nor write the member list the survivors adopt.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch.distributed as dist
 
 from etj_contract import env as etj_env
 from etj_trainer.core import store_client
+from etj_trainer.core.mac import job_sealer
 from etj_trainer.resize import group_sockets, regroup
 
 log = logging.getLogger(__name__)
@@ -126,7 +132,7 @@ def _client() -> dist.TCPStore:
 
 
 def _hb_key(membership: str, rank: int) -> str:
-    return f"etj-hb/{membership}/{rank}"
+    return job_sealer().name("etj-hb", f"{membership}/{rank}")
 
 
 @dataclass
@@ -183,14 +189,19 @@ def recover_world(membership: str, old_rank: int, old_size: int, min_ranks: int)
     """Agree on the survivors of ``membership`` and re-form the default group among them."""
     t0 = time.monotonic()
     close_failed_group()
-    store = _client()
-    prefix = f"etj-recover/{membership}"
-    store.set(f"{prefix}/alive/{old_rank}", "1")
+    store, sealer = _client(), job_sealer()
+    prefix = sealer.name("etj-recover", membership)
+
+    def registered_rank(r: int) -> bool:
+        k = f"{prefix}/alive/{r}"
+        return bool(store.check([k])) and sealer.open(k, store.get(k)) == "1"
+
+    store.set(f"{prefix}/alive/{old_rank}", sealer.seal(f"{prefix}/alive/{old_rank}", "1"))
     counts: dict[int, tuple[int, float]] = {}
     dead_s = dead_after()
     while True:
         now = time.monotonic()
-        registered = frozenset(r for r in range(old_size) if store.check([f"{prefix}/alive/{r}"]))
+        registered = frozenset(filter(registered_rank, range(old_size)))
         silent: dict[int, float] = {}
         for r in range(old_size):
             if r in registered:
@@ -205,8 +216,10 @@ def recover_world(membership: str, old_rank: int, old_size: int, min_ranks: int)
         if proposal is not None:
             break
         time.sleep(HEARTBEAT_S / 2)
-    agreed = store.compare_set(f"{prefix}/members", "", ",".join(map(str, proposal))).decode()
-    members = tuple(int(r) for r in agreed.split(",") if r)
+    mk = f"{prefix}/members"
+    agreed = sealer.open(mk, store.compare_set(mk, "", sealer.seal(mk, ",".join(map(str, proposal)))))
+    # A list that fails its check is nobody's: this rank is left out (the restart path), never misled.
+    members = tuple(int(r) for r in (agreed or "").split(",") if r)
     decision = decide_recovery(members, old_rank, old_size, min_ranks)
     if decision.in_place:
         regroup.reform(f"recover/{membership}", decision.new_rank, decision.new_size)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from etj_contract import env as etj_env
 from etj_trainer.core import store_client
+from etj_trainer.core.mac import job_sealer
 from etj_trainer.core.stopping import StopCode, collective_timeout
 from etj_trainer.resize import group_sockets
 
@@ -92,13 +93,16 @@ def reform(key: str, new_rank: int, new_world: int) -> None:
     external store.
 
     ``key`` must be the same on every survivor and never reused by this job (old-incarnation id + step).
+    The group meets under the job's token-derived namespace (core/mac.py): torch's process-group
+    rendezvous values cannot be sealed, so a client without the token must not be able to name them (it
+    would register itself as a rank, or a rank's address, and receive or send the world's tensors).
     """
     timeout = collective_timeout()
     if dist.is_initialized():  # (a joiner's first group, or a crash survivor's: recover.py closed it)
         dist.destroy_process_group()
     store = store_client.job_store()
     group_sockets.init(
-        store=dist.PrefixStore(f"etj-regroup/{key}", store),
+        store=dist.PrefixStore(job_sealer().name("etj-regroup", key), store),
         rank=new_rank,
         world_size=new_world,
         timeout=timeout,

@@ -10,18 +10,22 @@ copy -- get the same state from a peer instead of an older shared checkpoint.
 ``CHUNK_BYTES`` and received in place into the receiver's own parameters where they fit (so a large model
 never needs twice its memory). Crash recovery uses it when survivors disagree on the last committed step;
 an in-place join uses it to give the joiner the world's state.
+
+Nothing a peer sends is unpickled (core/wire.py): the skeleton travels as tagged JSON bytes, a checkpoint's
+bytes as a tensor, decoded with ``torch.load(weights_only=True)`` after its checksum.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from etj_trainer.checkpoint.retry import StoreUnreachable
 from etj_trainer.checkpoint.store import CheckpointStore, LoadedCheckpoint, decode
+from etj_trainer.core import wire
 
 
 def agree_on_checkpoint(
@@ -31,38 +35,51 @@ def agree_on_checkpoint(
 
     The object store is read once per world, not once per rank: each rank offers what its own file
     systems hold, then rank 0 alone downloads from the bucket, and only when the bucket lists a step newer
-    than every rank's copy (a restart on fresh nodes). The broadcast below gives it to the others.
+    than every rank's copy (a restart on fresh nodes). The broadcast below gives it to the others. A bucket
+    rank 0 cannot list or read (after retry.py's retries) fails every rank with ``StoreUnreachable``: a
+    world never restores an older copy, or step 0, while the bucket may hold a newer one.
     """
     if world_size == 1 or not dist.is_initialized():
         local = store.latest()
         return (local.state if local else None), rank
     local = store.latest_on_node()
-    all_steps = _gather_steps(local, world_size)
+    all_steps = _gather_steps(_step(local), world_size)
     if store.shared_objects is not None:
-        if rank == 0 and store.newest_object_step() > max(all_steps):
-            remote = store.latest_object()  # the newest listed may not verify: then an older one
-            if remote is not None and remote.step > _step(local):
-                local = remote
-        all_steps = _gather_steps(local, world_size)
+        unreachable: StoreUnreachable | None = None
+        if rank == 0:
+            try:
+                if store.newest_object_step() > max(all_steps):
+                    remote = store.latest_object()  # the newest listed may not verify: then an older one
+                    if remote is not None and remote.step > _step(local):
+                        local = remote
+            except StoreUnreachable as e:
+                unreachable = e
+        all_steps = _gather_steps(UNREACHABLE if unreachable else _step(local), world_size)
+        if unreachable is not None:
+            raise unreachable
+        if all_steps[0] == UNREACHABLE:  # every rank fails with the cause, not with a broken collective
+            raise StoreUnreachable(f"rank 0 could not read {store.shared_objects} (its log names the error)")
     best = max(all_steps)
     if best < 0:
         return None, 0
     src = all_steps.index(best)  # lowest rank holding the newest step
-    obj: list[Any] = [local.blob if (rank == src and local is not None) else None]
-    dist.broadcast_object_list(obj, src=src)
+    blob = wire.broadcast_bytes(local.blob if (rank == src and local is not None) else None, src)
     if rank == src and local is not None:
         return local.state, src
-    return decode(obj[0]), src
+    return decode(blob), src
 
 
 def _step(checkpoint: LoadedCheckpoint | None) -> int:
     return checkpoint.step if checkpoint is not None else -1
 
 
-def _gather_steps(checkpoint: LoadedCheckpoint | None, world_size: int) -> list[int]:
+UNREACHABLE = -2  # rank 0's step in the second gather when the object store cannot be read
+
+
+def _gather_steps(step: int, world_size: int) -> list[int]:
     """Every rank's newest step (-1 for none), in rank order."""
     gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
-    dist.all_gather(gathered, torch.tensor([_step(checkpoint)], dtype=torch.int64))
+    dist.all_gather(gathered, torch.tensor([step], dtype=torch.int64))
     return [int(t.item()) for t in gathered]
 
 
@@ -71,33 +88,25 @@ def _gather_steps(checkpoint: LoadedCheckpoint | None, world_size: int) -> list[
 CHUNK_BYTES = 32 << 20  # the most a broadcast packs at once: the extra memory a transfer needs
 
 
-@dataclass(frozen=True)
-class _Ref:
-    index: int
-    path: tuple[str, ...]
-
-
-def _split(
-    obj: Any, movable: Callable[[torch.Tensor], bool], path: tuple[str, ...] = ()
-) -> tuple[Any, list[torch.Tensor]]:
-    """``obj`` with every movable tensor replaced by a ``_Ref`` (the skeleton), and those tensors in order."""
+def _split(obj: Any) -> tuple[Any, list[torch.Tensor]]:
+    """``obj`` with every tensor replaced by a ``wire.Ref`` (the skeleton), and those tensors in order."""
     tensors: list[torch.Tensor] = []
 
-    def walk(o: Any, p: tuple[str, ...]) -> Any:
-        if isinstance(o, torch.Tensor) and movable(o):
+    def walk(o: Any) -> Any:
+        if isinstance(o, torch.Tensor):
             tensors.append(o)
-            return _Ref(len(tensors) - 1, p)
+            return wire.Ref(len(tensors) - 1)
         if isinstance(o, dict):
-            return {k: walk(v, (*p, str(k))) for k, v in o.items()}
+            return {k: walk(v) for k, v in o.items()}
         if isinstance(o, (list, tuple)):
-            return type(o)(walk(v, (*p, str(i))) for i, v in enumerate(o))
+            return type(o)(walk(v) for v in o)
         return o
 
-    return walk(obj, path), tensors
+    return walk(obj), tensors
 
 
 def _join(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(skeleton, _Ref):
+    if isinstance(skeleton, wire.Ref):
         return tensors[skeleton.index]
     if isinstance(skeleton, dict):
         return {k: _join(v, tensors) for k, v in skeleton.items()}
@@ -158,50 +167,69 @@ def broadcast_state(
     device: torch.device,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> dict[str, Any]:
-    """``src``'s ``state`` on every rank: the small skeleton (step, sampler, meta, shapes) as one object, the
-    tensors on ``device`` as tensors, in buckets of at most ``chunk_bytes``.
+    """``src``'s ``state`` on every rank: the small skeleton (step, sampler, meta, shapes) as JSON bytes, the
+    tensors as tensors (those on ``device`` there, the rest through the CPU), in buckets of at most
+    ``chunk_bytes``.
 
-    A receiver gets each tensor straight into ``target(path, shape, dtype)`` when that returns one (its own
-    live parameters: no second copy of the model), else into a fresh tensor. Collective.
+    A receiver gets each tensor on ``device`` straight into ``target(path, shape, dtype)`` when that returns
+    one (its own live parameters: no second copy of the model), else into a fresh tensor. Collective.
     """
-
-    def movable(t: torch.Tensor) -> bool:
-        return t.device == device
-
-    header: list[Any] = [None]
     tensors: list[torch.Tensor] = []
+    header = b""
     if rank == src:
         assert state is not None
-        skeleton, tensors = _split(state, movable)
-        header[0] = (skeleton, [(tuple(t.shape), t.dtype) for t in tensors])
-    dist.broadcast_object_list(header, src=src)
-    skeleton, shapes = header[0]
+        skeleton, tensors = _split(state)
+        on = [t.device == device for t in tensors]
+        tensors = [t if o else t.cpu() for t, o in zip(tensors, on, strict=True)]
+        header = wire.dumps(
+            [skeleton, [[list(t.shape), str(t.dtype), o] for t, o in zip(tensors, on, strict=True)]]
+        )
+    skeleton, shapes = _header(wire.broadcast_bytes(header if rank == src else None, src))
     if rank != src:
         refs: dict[int, tuple[str, ...]] = {}
-        _collect_refs(skeleton, refs)
-        for i, (shape, dtype) in enumerate(shapes):
-            live = target(refs[i], shape, dtype)
+        _collect_refs(skeleton, (), refs)
+        for i, (shape, dtype, on_device) in enumerate(shapes):
+            live = target(refs[i], shape, dtype) if on_device else None
             ok = (
                 live is not None
                 and tuple(live.shape) == shape
                 and live.dtype == dtype
                 and live.is_contiguous()
             )
-            tensors.append(live if ok else torch.empty(shape, dtype=dtype, device=device))  # type: ignore[arg-type]
+            where = device if on_device else torch.device("cpu")
+            tensors.append(live if ok else torch.empty(shape, dtype=dtype, device=where))  # type: ignore[arg-type]
     with torch.no_grad():
-        _broadcast_tensors(tensors, src, rank == src, chunk_bytes)
+        for on_device in (True, False):  # two backends' tensors, never in one bucket
+            part = [t for t, (_s, _d, o) in zip(tensors, shapes, strict=True) if o == on_device]
+            _broadcast_tensors(part, src, rank == src, chunk_bytes)
     return state if rank == src else _join(skeleton, tensors)  # type: ignore[return-value]
 
 
-def _collect_refs(skeleton: Any, out: dict[int, tuple[str, ...]]) -> None:
-    if isinstance(skeleton, _Ref):
-        out[skeleton.index] = skeleton.path
+def _header(data: bytes) -> tuple[Any, list[tuple[tuple[int, ...], torch.dtype, bool]]]:
+    """The skeleton and the tensors' (shape, dtype, on the device) from a peer's header; ValueError for
+    anything this trainer did not send."""
+    try:
+        skeleton, shapes = wire.loads(data)
+        out = []
+        for shape, name, on_device in shapes:
+            dtype = getattr(torch, str(name).removeprefix("torch."), None)
+            if not isinstance(dtype, torch.dtype) or not all(isinstance(n, int) and n >= 0 for n in shape):
+                raise ValueError(f"not a tensor this trainer sent: {shape} {name}")
+            out.append((tuple(shape), dtype, bool(on_device)))
+    except TypeError as e:  # a header of the wrong shape
+        raise ValueError(f"not a header this trainer sent: {e}") from e
+    return skeleton, out
+
+
+def _collect_refs(skeleton: Any, path: tuple[str, ...], out: dict[int, tuple[str, ...]]) -> None:
+    if isinstance(skeleton, wire.Ref):
+        out[skeleton.index] = path
     elif isinstance(skeleton, dict):
-        for v in skeleton.values():
-            _collect_refs(v, out)
+        for k, v in skeleton.items():
+            _collect_refs(v, (*path, str(k)), out)
     elif isinstance(skeleton, (list, tuple)):
-        for v in skeleton:
-            _collect_refs(v, out)
+        for i, v in enumerate(skeleton):
+            _collect_refs(v, (*path, str(i)), out)
 
 
 def newest_step(step: int) -> tuple[int, int, list[int]]:

@@ -24,40 +24,32 @@ caps the connections under the same limit and closes the rest the way libuv does
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 import os
 import resource
 import signal
 import socket
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from torch.distributed import DistStoreError, TCPStore
 
 from etj_contract import env as etj_env
-from etj_contract.ports import STORE_MAX_OPEN_FILES
-from etj_contract.progress import (
-    MAX_BODY_BYTES,
-    PROGRESS_PATH,
-    TOKEN_HEADER,
-    TOKEN_SCHEME,
-    ProgressDoc,
-    merge,
+from etj_contract.ports import (
+    STORE_CONNECTIONS_PER_SOURCE,
+    STORE_MAX_OPEN_FILES,
+    STORE_QUERY_DEADLINE_S,
 )
-from etj_contract.replicas import REPLICAS_PATH, Replicas
+from etj_trainer.service.store_http import (
+    LISTEN_BACKLOG,
+    MAX_HTTP_CONNECTIONS,
+    ProgressState,
+    StoreProbe,
+    make_http_server,
+)
 from etj_trainer.service.store_relay import StoreRelay, connection_cap
 
 log = logging.getLogger(__name__)
-
-# Requests are short (the operator, rank 0, each agent's bounds read before a round); more than this at
-# once wait in the listen backlog, then the kernel's SYN retries: delayed, never a thread each.
-MAX_HTTP_CONNECTIONS = 256
-LISTEN_BACKLOG = 1024
 
 
 def cap_open_files(limit: int) -> int:
@@ -69,147 +61,6 @@ def cap_open_files(limit: int) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
         return want
     return soft
-
-
-class CappedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` at once: the accept loop waits for a free slot,
-    so further clients queue in the listen backlog (socketserver's default of 5 would refuse them)."""
-
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
-
-    def __init__(
-        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], max_connections: int
-    ) -> None:
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
-class ProgressState:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._doc: ProgressDoc | None = None
-
-    def put(self, doc: dict[str, Any]) -> None:
-        with self._lock:
-            self._doc = merge(self._doc, ProgressDoc.from_json(doc))
-
-    def get(self) -> dict[str, Any]:
-        with self._lock:
-            return {} if self._doc is None else self._doc.to_json()
-
-
-def make_http_server(
-    host: str,
-    port: int,
-    state: ProgressState,
-    token: str | None = None,
-    set_replicas: Callable[[Replicas], None] | None = None,
-    max_connections: int = MAX_HTTP_CONNECTIONS,
-) -> CappedHTTPServer:
-    """The progress endpoint and the operator's ``/replicas``; ``token`` (None or empty: none) is required
-    on both. ``set_replicas`` is told each accepted bound (the bounds themselves are served from here).
-
-    Long because: the handler class closes over the state, the token and the bounds it serves.
-    """
-    current: list[Replicas] = []
-    expected = f"{TOKEN_SCHEME} {token}".encode() if token else None
-
-    class Handler(BaseHTTPRequestHandler):
-        # A client that stops sending mid-request must not hold a thread forever.
-        timeout = 10.0
-
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _authorized(self) -> bool:
-            if expected is None:
-                return True
-            given = (self.headers.get(TOKEN_HEADER) or "").encode()
-            if hmac.compare_digest(given, expected):
-                return True
-            self.close_connection = True  # the body (if any) stays unread
-            self._send(401, b'{"error": "missing or wrong token"}')
-            return False
-
-        def do_GET(self) -> None:
-            if self.path == PROGRESS_PATH:
-                if self._authorized():
-                    self._send(200, json.dumps(state.get()).encode())
-            elif self.path == REPLICAS_PATH:
-                if self._authorized():
-                    self._send(200, json.dumps(current[-1].to_json() if current else {}).encode())
-            elif self.path == "/healthz":
-                self._send(200, b"ok", "text/plain")
-            else:
-                self._send(404, b"{}")
-
-        def _body(self) -> dict[str, Any] | None:
-            """The request's JSON object, or None once an error has been answered."""
-            raw = self.headers.get("Content-Length")
-            if raw is None or not raw.isdigit():
-                self.close_connection = True
-                self._send(411, b'{"error": "Content-Length required"}')
-                return None
-            length = int(raw)
-            if length > MAX_BODY_BYTES:
-                self.close_connection = True
-                self._send(413, b'{"error": "body too large"}')
-                return None
-            try:
-                doc = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                self._send(400, b'{"error": "invalid JSON"}')
-                return None
-            if not isinstance(doc, dict):
-                self._send(400, b'{"error": "expected a JSON object"}')
-                return None
-            return doc
-
-        def do_POST(self) -> None:
-            if self.path not in (PROGRESS_PATH, REPLICAS_PATH):
-                self._send(404, b"{}")
-                return
-            if not self._authorized():
-                return
-            doc = self._body()
-            if doc is None:
-                return
-            if self.path == PROGRESS_PATH:
-                state.put(doc)
-            else:
-                replicas = Replicas.from_json(doc)
-                if replicas is None:
-                    self._send(400, b'{"error": "expected {\\"min\\": n, \\"max\\": m}, 1 <= n <= m"}')
-                    return
-                if set_replicas is not None:
-                    set_replicas(replicas)
-                current.append(replicas)
-                del current[:-1]
-            self._send(204, b"")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
-
-    return CappedHTTPServer((host, port), Handler, max_connections)
 
 
 @dataclass
@@ -225,7 +76,13 @@ class RunningStore:
 
 
 def open_store(
-    host: str, port: int, fd: int, libuv: bool = True, max_connections: int | None = None
+    host: str,
+    port: int,
+    fd: int,
+    libuv: bool = True,
+    max_connections: int | None = None,
+    per_source: int = STORE_CONNECTIONS_PER_SOURCE,
+    query_deadline_s: float = STORE_QUERY_DEADLINE_S,
 ) -> RunningStore:
     """The TCPStore server on the listening socket ``fd``: torch's libuv server where this torch has one
     (and ``libuv``), else its older poll()-based server (Debian's python3-torch, which the small store image
@@ -234,8 +91,9 @@ def open_store(
 
     The poll()-based server aborts the process when accept() meets the descriptor limit, so it gets a
     loopback port of its own and a relay serves ``fd``, at most ``max_connections`` at once (default: what
-    the descriptor limit leaves, ``store_relay.connection_cap``). Loopback is the pod's own: nothing more is
-    exposed than the TCPStore's and the HTTP server's ports on ``host``.
+    the descriptor limit leaves, ``store_relay.connection_cap``; ``per_source`` from one address; a query not
+    whole ``query_deadline_s`` after its first byte closes its connection). Loopback is the pod's own:
+    nothing more is exposed than the TCPStore's and the HTTP server's ports on ``host``.
     """
     # wait_for_workers=False: the store must come up before any agent exists and outlive them all.
     if libuv:
@@ -262,7 +120,9 @@ def open_store(
     )
     if max_connections is None:  # now that the server's own descriptors are open
         max_connections = connection_cap(_fd_limit(), reserved=MAX_HTTP_CONNECTIONS)
-    relay = StoreRelay(socket.socket(fileno=fd), ("127.0.0.1", inner_port), max_connections)
+    relay = StoreRelay(
+        socket.socket(fileno=fd), ("127.0.0.1", inner_port), max_connections, per_source, query_deadline_s
+    )
     relay.start()
     return RunningStore(store, relay)
 
@@ -298,7 +158,7 @@ def serve(
         token = etj_env.PROGRESS_TOKEN.read(os.environ)
     if not token:
         log.warning("no %s: the progress endpoint accepts any client", etj_env.PROGRESS_TOKEN.name)
-    httpd = make_http_server(host, http_port, state, token)
+    httpd = make_http_server(host, http_port, state, token, ready=StoreProbe(host, port))
     stop = threading.Event()
 
     def _stop(signum: int, _frame: object) -> None:

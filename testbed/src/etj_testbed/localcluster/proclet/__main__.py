@@ -2,6 +2,6 @@
 
 import sys
 
-from etj_testbed.localcluster.proclet.harness import main
+from etj_testbed.localcluster.proclet.launch import main
 
 sys.exit(main())

@@ -18,34 +18,27 @@ an endpoint IP of that Service before the process starts (there is no cluster DN
 reach each other by pod IP. Readiness probes (tcpSocket, httpGet) run; liveness/startup probes do not.
 
 Run it with `python -m etj_testbed.localcluster.proclet --kubeconfig K`, or `Proclet(...).start()` /
-`start_subprocess(...)` from tests and the demo.
+`launch.start_subprocess(...)` from tests and the demo. What a runner looks up (ConfigMaps, Secrets,
+Services) is `lookups.py`'s; the pod's own life is `pod.py`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from etj_testbed.localcluster import toolchain
-from etj_testbed.localcluster.proclet.env import (
-    DEFAULT_POD_NETWORK,
-    LoopbackIPs,
-    ServiceForwarder,
-    headless_service_of,
-    service_endpoint,
-)
+from etj_testbed.localcluster.proclet.env import DEFAULT_POD_NETWORK, LoopbackIPs
 from etj_testbed.localcluster.proclet.kube import Gone, Kube, delete_pod
+from etj_testbed.localcluster.proclet.lookups import Lookups
 from etj_testbed.localcluster.proclet.nodes import (
     INSTANCE_LABEL,
     NODE_RUNTIME_LABEL,
@@ -65,7 +58,6 @@ __all__ = [
     "iter_pids_with_marker",
     "process_node",
     "selector_for",
-    "start_subprocess",
 ]
 
 log = logging.getLogger("etj.proclet")
@@ -106,21 +98,22 @@ class Proclet:
         bindir = str(Path(sys.executable).parent)
         base = {k: os.environ[k] for k in PASS_ENV if k in os.environ}
         base["PATH"] = os.pathsep.join([bindir, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+        # Two harnesses on one machine (two clones' test runs, a demo beside a test) must not hand out
+        # the same pod addresses: their stores would fight over one host:port.
+        ips = LoopbackIPs(os.environ.get("ETJ_PROCLET_NETWORK", DEFAULT_POD_NETWORK))
+        self.lookups = Lookups(self.kube, ips)
         self.ctx = RunnerContext(
             self.kube,
-            # Two harnesses on one machine (two clones' test runs, a demo beside a test) must not hand out
-            # the same pod addresses: their stores would fight over one host:port.
-            LoopbackIPs(os.environ.get("ETJ_PROCLET_NETWORK", DEFAULT_POD_NETWORK)),
+            ips,
             self.root,
             base,
-            self._lookup_data,
-            self._lookup_service,
-            self._address_key,
+            self.lookups.data,
+            self.lookups.service,
+            self.lookups.address_key,
         )
         self.nodes: dict[str, JSON] = {}
         self.pods: dict[str, JSON] = {}  # every bound pod by uid (pods may be seen before their node)
         self.runners: dict[str, PodRunner] = {}
-        self.forwarders: dict[str, ServiceForwarder] = {}  # by "fwd:<ns>/<service>": headless names
         # Runners of deleted pods, newest last: logs_of/runner/pids still answer for them (tests, demo).
         self.history: deque[PodRunner] = deque(maxlen=256)
         self._lock = threading.RLock()
@@ -161,8 +154,7 @@ class Proclet:
         for runner in runners:
             runner.join(self.stop_grace_s + 10)
         reap_marked(str(self.root))
-        for forwarder in self.forwarders.values():
-            forwarder.close()
+        self.lookups.close()
         for thread in self._threads:
             thread.join(5)
         self.kube.close()
@@ -312,62 +304,6 @@ class Proclet:
     def _grace(self, pod: JSON, cap: float) -> float:
         return min(float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)), cap)
 
-    # ---- lookups for runners ----------------------------------------------------------------
-
-    def _lookup_data(self, kind: str, namespace: str, name: str) -> Mapping[str, str] | None:
-        obj = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
-        return None if obj is None else dict(obj.get("data") or {})
-
-    def _address_key(self, pod: JSON) -> str | None:
-        ns = pod["metadata"]["namespace"]
-        try:
-            services = self.kube.get(f"/api/v1/namespaces/{ns}/services").get("items") or []
-        except Exception as exc:
-            log.warning("service list for %s failed: %s", ns, exc)
-            return None
-        return headless_service_of(pod, services)
-
-    def _lookup_service(self, service: str, namespace: str) -> str | None:
-        """The address a pod is given for a Service name: for a headless Service, that of its forwarder
-        (``ServiceForwarder``: the name follows the selector), once the Service selects a pod."""
-        selected = self._selected(service, namespace)
-        if selected is None or not selected[1]:
-            return None
-        svc, _ = selected
-        if (svc.get("spec") or {}).get("clusterIP") != "None":
-            return selected[1]
-        key = f"fwd:{namespace}/{service}"
-        with self._lock:
-            forwarder = self.forwarders.get(key)
-            if forwarder is None:
-                ports = {
-                    int(p["port"]): int(p.get("targetPort") or p["port"])
-                    for p in (svc.get("spec") or {}).get("ports") or []
-                }
-                ip = self.ctx.ips.allocate(key)
-                forwarder = ServiceForwarder(
-                    ip, ports, lambda: (self._selected(service, namespace) or ({}, None))[1]
-                )
-                self.forwarders[key] = forwarder
-        return forwarder.ip
-
-    def _selected(self, service: str, namespace: str) -> tuple[JSON, str | None] | None:
-        """The Service and the address it selects now (None: no such Service, or the lookup failed)."""
-        try:
-            svc = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/services/{service}")
-            if svc is None:
-                return None
-            selector = ",".join(
-                f"{k}={v}" for k, v in ((svc.get("spec") or {}).get("selector") or {}).items()
-            )
-            if not selector:
-                return svc, None
-            pods = self.kube.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector)
-        except Exception as exc:
-            log.warning("endpoint lookup for %s.%s failed: %s", service, namespace, exc)
-            return None
-        return svc, service_endpoint(svc, pods.get("items") or [])
-
     # ---- list + watch -----------------------------------------------------------------------
 
     def _watch(
@@ -402,58 +338,3 @@ class Proclet:
                 self._stopped.wait(1)
             finally:
                 self._responses.clear()
-
-
-def start_subprocess(
-    kubeconfig: str | os.PathLike[str],
-    root: Path | None = None,
-    selector: str = DEFAULT_SELECTOR,
-    log_file: Path | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start the harness as its own process (what the demo does); SIGTERM stops it cleanly."""
-    argv = [
-        sys.executable,
-        "-m",
-        "etj_testbed.localcluster.proclet",
-        "--kubeconfig",
-        str(kubeconfig),
-        "--selector",
-        selector,
-    ]
-    if root is not None:
-        argv += ["--root", str(root)]
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL  # noqa: SIM115 - child owns it
-    try:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    finally:
-        if log_file:
-            out.close()  # type: ignore[union-attr]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m etj_testbed.localcluster.proclet",
-        description="run pods bound to process-backed nodes as local processes",
-    )
-    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
-    parser.add_argument("--root", type=Path, default=None, help="pod logs and scratch dirs")
-    parser.add_argument("--selector", default=DEFAULT_SELECTOR, help="label selector of the nodes to run")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(threadName)s: %(message)s",
-    )
-    harness = Proclet(args.kubeconfig, args.root, args.selector)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        harness._stopped.set()  # run_forever's loop ends and stop() kills every pod process
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    harness.run_forever()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

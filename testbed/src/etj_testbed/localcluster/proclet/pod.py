@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,19 +27,18 @@ from etj_testbed.localcluster.proclet.env import (
     LoopbackIPs,
     ServiceLookup,
     command_line,
-    container_env,
     service_names,
     substitute_services,
 )
 from etj_testbed.localcluster.proclet.kube import Kube, delete_pod, now_rfc3339, pod_path
 from etj_testbed.localcluster.proclet.nodes import pull_seconds
-from etj_testbed.localcluster.proclet.proc import MARK_POD, MARK_ROOT, env_name, killpg, probe, reap_marked
+from etj_testbed.localcluster.proclet.pod_env import HOST_IP, container_environment, tmp_link
+from etj_testbed.localcluster.proclet.proc import killpg, probe, reap_marked
 from etj_testbed.localcluster.proclet.status import START_MARK, ContainerRun, last_run, pod_status
 
 log = logging.getLogger("etj.proclet")
 
 JSON = dict[str, Any]
-HOST_IP = "127.0.0.1"
 MIN_GRACE_S = 2.0  # the kubelet's minimum, also used for force-deleted pods
 POLL_S = 0.25
 # How long a pod waits for a Service name in its env/args to get an endpoint before starting anyway.
@@ -279,36 +277,9 @@ class PodRunner:
 
     def _environment(self, container: JSON) -> dict[str, str]:
         assert self.ip is not None
-        spec = self.pod["spec"]
-        own = container_env(self.pod, container, pod_ip=self.ip, host_ip=HOST_IP, lookup=self.ctx.lookup_data)
-        env = {**self.ctx.base_env, "HOSTNAME": self.pod["metadata"]["name"], **own}
-        env.setdefault("ETJ_POD_IP", self.ip)
-        env["ETJ_SCRATCH_DIR"] = str(self.dir / "scratch")
-        # emptyDir volumes become per-pod directories; mounts cannot be made without root, so the path is
-        # published instead, and an emptyDir mounted at /tmp becomes TMPDIR.
-        empty = {v["name"] for v in spec.get("volumes") or [] if "emptyDir" in v}
-        for volume in sorted(empty):
-            path = self.dir / "volumes" / volume
-            path.mkdir(parents=True, exist_ok=True)
-            env[f"ETJ_VOLUME_{env_name(volume)}"] = str(path)
-        for mount in container.get("volumeMounts") or []:
-            if mount.get("name") in empty and mount.get("mountPath") == "/tmp":
-                env["TMPDIR"] = str(self._short_tmp(self.dir / "volumes" / mount["name"]))
-        env[MARK_ROOT] = str(self.ctx.root)
-        env[MARK_POD] = self.uid
-        return env
-
-    def _short_tmp(self, target: Path) -> Path:
-        """A short path to `target`: Unix sockets made under TMPDIR (multiprocessing's forkserver, torch)
-        fail with "AF_UNIX path too long" beyond 107 bytes, which a pod directory easily reaches."""
-        link = self._tmp_link
-        if not link.is_symlink():
-            link.symlink_to(target, target_is_directory=True)
-        return link
-
-    @property
-    def _tmp_link(self) -> Path:
-        return Path(tempfile.gettempdir()) / f"etjpod-{self.uid[:13]}"
+        return container_environment(
+            self.pod, container, self.ip, self.dir, self.ctx.root, self.ctx.base_env, self.ctx.lookup_data
+        )
 
     def _resolve(self, names: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
         """Wait (like a container waiting for DNS) until every named Service has an endpoint."""
@@ -391,8 +362,9 @@ class PodRunner:
         for run in live:
             self._exited(run)
         reap_marked(str(self.ctx.root), self.uid)
-        if self._tmp_link.is_symlink():
-            self._tmp_link.unlink()
+        link = tmp_link(self.uid)
+        if link.is_symlink():
+            link.unlink()
         if live and self._stop is not None and stop.report:
             ok = all(r.exit_code == 0 for r in self._runs.values() if not r.init)
             self._report("Succeeded" if ok else "Failed")

@@ -1,0 +1,1 @@
+"""The planner: plan(job, observed) -> Plan, its named steps and what they read (pure)."""

@@ -1,0 +1,1 @@
+"""What the planner writes to status: phase, conditions, counts, resize history (pure)."""
