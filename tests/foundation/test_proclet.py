@@ -29,6 +29,7 @@ from etj_testbed.localcluster.proclet.env import (
     container_env,
     expand,
     headless_service_of,
+    pod_network,
     service_endpoint,
     service_names,
     substitute_services,
@@ -158,6 +159,20 @@ def test_loopback_ips_are_unique_while_in_use_and_sticky_by_name() -> None:
     assert ips.allocate("ns/p2") == got[2]  # a recreated pod gets its old address back
     ips.release(got[0])
     assert ips.allocate("ns/new") == got[0]  # the only free one
+
+
+def test_beds_on_other_port_bases_hand_out_other_pod_addresses() -> None:
+    """Two beds at once (a clean-clone run beside a developer's) once both gave a store 127.0.0.4:29400."""
+    default = 16400
+    assert pod_network({}, default) == "127.0.0.0/16"
+    assert pod_network({"ETJ_CLUSTER_PORT_BASE": "16400"}, default) == "127.0.0.0/16"
+    others = {pod_network({"ETJ_CLUSTER_PORT_BASE": str(b)}, default) for b in (23400, 25400, 26400, 20400)}
+    assert len(others) == 4 and "127.0.0.0/16" not in others
+    assert pod_network({"ETJ_CLUSTER_PORT_BASE": "23400", "ETJ_PROCLET_NETWORK": "127.9.0.0/16"}, default) == (
+        "127.9.0.0/16"
+    )
+    first = {LoopbackIPs(pod_network({"ETJ_CLUSTER_PORT_BASE": str(b)}, default)).allocate("ns/store") for b in (16400, 23400)}
+    assert len(first) == 2
 
 
 def test_a_pod_behind_a_headless_service_takes_over_its_address() -> None:

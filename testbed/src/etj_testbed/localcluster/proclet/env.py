@@ -215,6 +215,23 @@ def service_endpoint(service: JSON, pods: Iterable[JSON]) -> str | None:
 DEFAULT_POD_NETWORK = "127.0.0.0/16"  # ETJ_PROCLET_NETWORK overrides it (e.g. 127.9.0.0/16)
 
 
+def pod_network(env: Mapping[str, str], default_port_base: int) -> str:
+    """The loopback /16 a bed's process pods get their addresses from.
+
+    Two beds on one machine (a clean-clone test run beside a developer's bed, a demo beside a test) are
+    told apart by ``ETJ_CLUSTER_PORT_BASE``; each must hand out its own pod addresses too, or both give a
+    store ``127.0.0.4:29400`` and the second store cannot bind. The default bed keeps 127.0.0.0/16;
+    another port base gets 127.<n>.0.0/16 with n in 1..254 from the base's hundreds.
+    ``ETJ_PROCLET_NETWORK`` overrides both.
+    """
+    if env.get("ETJ_PROCLET_NETWORK"):
+        return env["ETJ_PROCLET_NETWORK"]
+    base = int(env.get("ETJ_CLUSTER_PORT_BASE") or default_port_base)
+    if base == default_port_base:
+        return DEFAULT_POD_NETWORK
+    return f"127.{(base // 100) % 254 + 1}.0.0/16"
+
+
 class LoopbackIPs:
     """Hands out 127.0.x.y addresses (never 127.0.0.1, never one in use).
 

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from etj_testbed.localcluster import toolchain
-from etj_testbed.localcluster.proclet.env import DEFAULT_POD_NETWORK, LoopbackIPs
+from etj_testbed.localcluster.components import DEFAULT_PORT_BASE
+from etj_testbed.localcluster.proclet.env import LoopbackIPs, pod_network
 from etj_testbed.localcluster.proclet.kube import Gone, Kube, delete_pod
 from etj_testbed.localcluster.proclet.lookups import Lookups
 from etj_testbed.localcluster.proclet.nodes import (
@@ -100,7 +101,7 @@ class Proclet:
         base["PATH"] = os.pathsep.join([bindir, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
         # Two harnesses on one machine (two clones' test runs, a demo beside a test) must not hand out
         # the same pod addresses: their stores would fight over one host:port.
-        ips = LoopbackIPs(os.environ.get("ETJ_PROCLET_NETWORK", DEFAULT_POD_NETWORK))
+        ips = LoopbackIPs(pod_network(os.environ, DEFAULT_PORT_BASE))
         self.lookups = Lookups(self.kube, ips)
         self.ctx = RunnerContext(
             self.kube,
