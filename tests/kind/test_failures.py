@@ -456,16 +456,81 @@ def _leave_and_regrow(kind: KindBed, run: RunningJob, workers: dict[str, str]) -
     return time.monotonic() - left
 
 
-# ---- a client with the endpoint and the uid but not the token: never a rank (issue 37) -------------------
+# ---- a pod with the job's label but not its token: never a rank, cannot hold the store (issue 37) ----
 
-# The trainer's own joiner (resize/join.py ``ask``), run with what every worker pod's spec shows (its env
-# values: the store's endpoint, the job's uid, ...) and a guessed token, for ``seconds``: each round queues
-# it and waits for a ticket. Before issue 37 such a client was admitted as a rank and sent the job's state.
-JOIN_ATTACK = r"""
-import json, os, sys, time
+# Everything a pod the job's NetworkPolicy admits can do to the store without the token, at once, for
+# ``seconds``, while a worker leaves and its replacement joins:
+# - queue itself with the trainer's own joiner (resize/join.py ``ask``: what every worker pod's spec shows,
+#   the store's endpoint and the job's uid, and a guessed token), round after round: before issue 37 such a
+#   client was admitted as a rank and sent the model, optimizer, sampler and RNG state;
+# - forge tickets, sizes and admissions for every worker name, under the raw key names and the guessed
+#   token's (a joiner that took a forged ticket would have joined the attacker's "world");
+# - hold the HTTP server with slow senders (300 connections sending their headers a byte a second): before,
+#   they held all 256 slots and the operator stopped reading progress;
+# - hold the TCPStore with partial queries (a query's first byte, then nothing): before, torch's poll()
+#   server waited for the rest and every client of the store stalled.
+# It prints one JSON summary: how often it asked and whether it was ever admitted, what it sent.
+STORE_ATTACK = r"""
+import json, os, socket, sys, threading, time
+from datetime import timedelta
 os.environ["ETJ_PROGRESS_TOKEN"] = "a-guess"
+from torch.distributed import TCPStore
+from etj_trainer.core.mac import job_sealer
 from etj_trainer.resize import join
-asked, admitted, deadline = 0, None, time.monotonic() + float(sys.argv[1])
+
+host, port, http_port, uid, seconds = sys.argv[1:6]
+workers = sys.argv[6:]
+deadline = time.monotonic() + float(seconds)
+sent = {"slow_http": 0, "partial_queries": 0, "forgeries": 0}
+lock = threading.Lock()
+
+def count(what):
+    with lock:
+        sent[what] += 1
+
+def slow_sender():  # slowloris: headers a byte a second, reopened when dropped
+    while time.monotonic() < deadline:
+        try:
+            s = socket.create_connection((host, int(http_port)), timeout=10)
+            count("slow_http")
+            s.sendall(b"GET /progress HTTP/1.1\r\nHost: x\r\n")
+            while time.monotonic() < deadline:
+                s.sendall(b"X")
+                time.sleep(1)
+        except OSError:
+            time.sleep(0.5)
+
+def partial_query():  # a query's first byte, then nothing; reopened when the store closes it
+    while time.monotonic() < deadline:
+        try:
+            s = socket.create_connection((host, int(port)), timeout=10)
+            count("partial_queries")
+            s.sendall(b"\x00")
+            while time.monotonic() < deadline and s.recv(1):
+                pass
+        except OSError:
+            pass
+        time.sleep(0.5)
+
+def forger():  # tickets, sizes and admissions for every worker, under raw names and the guessed token's
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30), use_libuv=False)
+    prefixes = [f"etj-join/{uid}", "etj-join", job_sealer().name("etj-join")]
+    while time.monotonic() < deadline:
+        for prefix in prefixes:
+            for w in workers:
+                store.set(f"{prefix}/ticket/{w}", json.dumps({"key": "join/evil/1", "rank": 0, "old": 99}))
+            store.set(f"{prefix}/size", "99")
+            store.set(f"{prefix}/admission/evil/1", json.dumps({"size": 99}))
+            count("forgeries")
+        time.sleep(1)
+
+threads = [threading.Thread(target=slow_sender, daemon=True) for _ in range(300)]
+threads += [threading.Thread(target=partial_query, daemon=True) for _ in range(20)]
+threads += [threading.Thread(target=forger, daemon=True)]
+for t in threads:
+    t.start()
+print("attacking", flush=True)
+asked, admitted = 0, None
 while time.monotonic() < deadline and admitted is None:
     try:
         admitted = join.ask(wait_s=5, node=f"evil-{asked}")
@@ -474,7 +539,8 @@ while time.monotonic() < deadline and admitted is None:
     asked += 1
     print("ADMITTED" if admitted else "refused", flush=True)
     time.sleep(1)
-print(json.dumps({"asked": asked, "admitted": repr(admitted) if admitted else None}), flush=True)
+with lock:
+    print(json.dumps({"asked": asked, "admitted": repr(admitted) if admitted else None, **sent}), flush=True)
 time.sleep(3600)  # stay up for the logs
 """
 
@@ -486,35 +552,57 @@ def _shown_env(pod: JSON) -> list[JSON]:
     return [{"name": e["name"], "value": e["value"]} for e in container.get("env") or [] if "value" in e]
 
 
-def test_a_pod_with_the_jobs_label_but_not_its_token_never_becomes_a_rank(kind: KindBed) -> None:
-    epochs = 12
-    with running_job(kind, "joinattack", two_worker_job(epochs, 0.5), epochs) as run:
+@pytest.mark.timeout(1500)
+def test_a_pod_with_the_jobs_label_can_neither_hold_the_store_nor_steer_a_join(kind: KindBed) -> None:
+    epochs = 16
+    attack_s = 240
+    with running_job(kind, "storeattack", two_worker_job(epochs, 0.5), epochs) as run:
         workers = run.wait("two workers training", lambda: run.training_workers(2, min_step=5))
         spec = kind.kube.get(f"/api/v1/namespaces/{run.ns}/pods/{sorted(workers)[0]}")
-        attacker = _attacker(kind, run, ["python", "-c", JOIN_ATTACK, "240"], _shown_env(spec))
+        uid = kind.kube.get(f"/apis/etj.dev/v1alpha1/namespaces/{run.ns}/elastictrainingjobs/{run.name}")[
+            "metadata"
+        ]["uid"]
+        host = f"{run.name}-rdzv.{run.ns}.svc"
+        names = [f"{run.name}-worker-{i}" for i in range(4)]  # the present workers and their replacements
+        command = ["python", "-c", STORE_ATTACK, host, str(RDZV_PORT), str(PROGRESS_PORT), uid, str(attack_s)]
+        attacker = _attacker(kind, run, command + names, _shown_env(spec))
         try:
+
+            def logs() -> str:
+                return kubectl(kind, "logs", "-n", run.ns, attacker, timeout=60).stdout
+
+            run.wait("the attack under way", lambda: "attacking" in logs(), timeout=120)
+            # The operator reads progress over the store's HTTP port, the one the slow senders hold: its
+            # record of the step keeps advancing under the attack.
+            step_under_attack = run.step()
+            run.wait(
+                "progress read under the attack", lambda: run.step() >= step_under_attack + 5, timeout=300
+            )
+            progress_read = run.step() - step_under_attack
             # The attacker queues beside the real replacement of a worker that leaves: the world grows
             # back with the replacement, never with the attacker.
             regrown_s = _leave_and_regrow(kind, run, workers)
-
-            def summary() -> str | None:
-                logs = kubectl(kind, "logs", "-n", run.ns, attacker, timeout=60).stdout
-                return logs if '"asked"' in logs else None
-
-            logs = run.wait("the attacker's rounds done", summary, timeout=600)
+            summary = run.wait(
+                "the attacker's rounds done", lambda: '"asked"' in logs() and logs(), timeout=600
+            )
         finally:
             kind.kube.request("DELETE", f"/api/v1/namespaces/{run.ns}/pods/{attacker}")
         result = run.result()
 
-    assert "ADMITTED" not in logs and '"admitted": null' in logs, logs[-3000:]
-    assert logs.count("refused") >= 3, logs[-3000:]  # it did ask, round after round
+    done = json.loads(next(line for line in summary.splitlines() if line.startswith("{")))
+    assert "ADMITTED" not in summary and done["admitted"] is None, summary[-3000:]
+    # It did attack: it asked round after round, opened slow senders and partial queries, forged.
+    assert done["asked"] >= 3 and summary.count("refused") >= 3, done
+    assert done["slow_http"] >= 300 and done["partial_queries"] >= 20 and done["forgeries"] >= 10, done
     status = result.status.get("status") or {}
     assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
     assert not status.get("failures"), status
     assert max(r["to"] for r in status.get("resizeHistory") or [{"to": 0}]) <= 2, status  # never a third rank
     exactly_once(run.run_dir, epochs)
-    refused = logs.count("refused")
-    print(f"a tokenless joiner refused {refused} times; world 2 again {regrown_s:.1f} s after a leave")
+    print(
+        f"attacker refused {done['asked']} times ({done}); the operator read {progress_read} steps of "
+        f"progress under the attack; world 2 again {regrown_s:.1f} s after a leave"
+    )
 
 
 # ---- pods that never start: the job says why, and fails at its deadline (issue 37, item 4) ---------------
