@@ -94,3 +94,32 @@ def test_cli_reports_errors_in_one_line_without_a_traceback(tmp_path: Path) -> N
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "etj: error: the Go toolchain is not on PATH" in result.stderr
+
+
+def test_a_go_build_reports_its_packages_and_a_failure_quotes_its_last_lines(tmp_path: Path) -> None:
+    """The control plane's and Kueue's cold builds share one runner (toolchain.go_build_with_progress):
+    `go build -v` prints a package per line; progress counts them, and a failure says what failed with the
+    build's last output. A shell stands in for go: the runner only reads lines and the exit code."""
+    from etj_testbed.localcluster import toolchain
+
+    said: list[str] = []
+    script = "echo k8s.io/a; echo k8s.io/b; echo '# k8s.io/c'; echo 'c.go:1: undefined: x'; exit 2"
+    with pytest.raises(ClusterError) as err:
+        toolchain.go_build_with_progress(
+            ["sh", "-c", script],
+            tmp_path,
+            dict(os.environ),
+            4,
+            0.0,
+            said.append,
+            "building X failed",
+            every_s=0,
+        )
+    assert (
+        said == ["etj:    25% (1/4 packages, " + said[0].split(", ")[1], said[1]]
+        and "(2/4 packages" in said[1]
+    )
+    assert str(err.value).startswith("building X failed. Last output:\n") and "undefined: x" in str(err.value)
+    toolchain.go_build_with_progress(
+        ["sh", "-c", "echo a"], tmp_path, dict(os.environ), 1, 0.0, said.append, "x"
+    )

@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -113,7 +112,9 @@ def ensure_built(progress: toolchain.Progress = toolchain._print_progress) -> Pa
 
 def module_dir(env: dict[str, str], cwd: Path) -> Path:
     """Kueue's source in the module cache, downloaded through GOPROXY if absent."""
-    out = _run(["go", "mod", "download", "-json", f"{KUEUE_MODULE}@{KUEUE_VERSION}"], cwd, env)
+    out = toolchain.run_checked(
+        ["go", "mod", "download", "-json", f"{KUEUE_MODULE}@{KUEUE_VERSION}"], cwd, env, "go mod"
+    )
     directory = json.loads(out).get("Dir")
     if not directory or not Path(directory).is_dir():
         raise ClusterError(f"`go mod download {KUEUE_MODULE}@{KUEUE_VERSION}` gave no source directory")
@@ -154,14 +155,27 @@ def _build(progress: toolchain.Progress) -> None:
         (work / "go.sum").chmod(0o644)
         (work / "main.go").write_text(patched_main((source / "cmd/kueue/main.go").read_text()))
         # The wrapper's go.sum needs Kueue's own hashes besides its dependencies'.
-        _run(["go", "mod", "download", KUEUE_MODULE], work, env)
+        toolchain.run_checked(["go", "mod", "download", KUEUE_MODULE], work, env, "go mod download")
         # `go build -v` names each package it compiles, the standard library's included.
-        total = sum(1 for line in _run(["go", "list", "-deps", "."], work, env).splitlines() if line.strip())
+        total = sum(
+            1
+            for line in toolchain.run_checked(["go", "list", "-deps", "."], work, env, "go list").splitlines()
+            if line.strip()
+        )
         out = work / "out"
         out.mkdir()
         cmd = ["go", "build", "-v", "-trimpath", f"-ldflags={_ldflags()}", "-o", str(out / "kueue"), "."]
         progress(f"etj:   compiling {total} packages in a wrapper module requiring {KUEUE_MODULE}")
-        _build_with_progress(cmd, work, env, total, started, progress)
+        toolchain.go_build_with_progress(
+            cmd,
+            work,
+            env,
+            total,
+            started,
+            progress,
+            failure=f"building Kueue failed (`go build` in {work})",
+            every_s=30,
+        )
         if target.exists():
             shutil.rmtree(target)
         (target / "bin").mkdir(parents=True)
@@ -178,34 +192,3 @@ def _build(progress: toolchain.Progress) -> None:
         shutil.copy(work / "go.mod", target / "go.mod")
         (target / "complete").write_text(f"built in {time.monotonic() - started:.0f}s\n")
     progress(f"etj: Kueue {KUEUE_VERSION} built in {time.monotonic() - started:.0f}s into {target}")
-
-
-def _build_with_progress(
-    cmd: list[str], work: Path, env: dict[str, str], total: int, started: float, progress: toolchain.Progress
-) -> None:
-    """Run `go build -v`, reporting every 30 s how many packages it has compiled (one per line)."""
-    proc = subprocess.Popen(
-        cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    done, last_report = 0, time.monotonic()
-    tail: list[str] = []
-    for line in proc.stdout:
-        tail = [*tail[-40:], line.rstrip()]
-        if line.startswith(("#", "go:")) or " " in line.strip():
-            continue
-        done += 1
-        if time.monotonic() - last_report > 30:
-            last_report = time.monotonic()
-            pct = min(99, 100 * done // max(total, 1))
-            progress(f"etj:   {pct:3d}% ({done} packages, {last_report - started:.0f}s)")
-    if proc.wait() != 0:
-        detail = "\n".join(tail[-20:])
-        raise ClusterError(f"building Kueue failed (`go build` in {work}); last output:\n{detail}")
-
-
-def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise ClusterError(f"{' '.join(cmd[:3])} failed: {result.stderr.strip()[-2000:]}")
-    return result.stdout

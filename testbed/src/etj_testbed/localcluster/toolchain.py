@@ -141,12 +141,12 @@ def ensure_built(progress: Progress = _print_progress) -> Path:
 def _write_kwok_stages() -> None:
     work = bin_dir().parent
     env = {**os.environ, "GOFLAGS": "-mod=mod"}
-    kwok_dir = _run_checked(
+    kwok_dir = run_checked(
         [_go(), "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], TOOLCHAIN_DIR, env, "go list -m"
     ).strip()
     if not kwok_dir:  # not in the module cache (cleaned since the build): fetch it again
-        _run_checked([_go(), "mod", "download", "sigs.k8s.io/kwok"], TOOLCHAIN_DIR, env, "go mod download")
-        kwok_dir = _run_checked(
+        run_checked([_go(), "mod", "download", "sigs.k8s.io/kwok"], TOOLCHAIN_DIR, env, "go mod download")
+        kwok_dir = run_checked(
             [_go(), "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], TOOLCHAIN_DIR, env, "go list -m"
         ).strip()
     docs = [KWOK_OPTIONS, *((Path(kwok_dir) / rel).read_text().strip() for rel in KWOK_STAGES)]
@@ -177,8 +177,8 @@ def _build(progress: Progress) -> None:
         progress(f"etj: building the local control plane ({KUBERNETES_VERSION}) from Go modules, once;")
         progress("etj: a cold build downloads ~1 GB of modules and compiles for 15-30 min on 2 cores")
         progress("etj: step 1/2: downloading modules")
-        _run_checked([go, "mod", "download"], work, env, "go mod download")
-        listed = _run_checked(
+        run_checked([go, "mod", "download"], work, env, "go mod download")
+        listed = run_checked(
             [go, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "tool"],
             work,
             env,
@@ -189,28 +189,16 @@ def _build(progress: Progress) -> None:
         out = work / "bin"
         out.mkdir()
         cmd = [go, "build", "-v", "-trimpath", f"-ldflags={_ldflags()}", "-o", str(out) + "/", "tool"]
-        proc = subprocess.Popen(
-            cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        go_build_with_progress(
+            cmd,
+            work,
+            env,
+            total,
+            started,
+            progress,
+            failure=f"building the control plane failed (`go build tool` in {work}); "
+            "check Go ≥ 1.26 and registry access",
         )
-        assert proc.stdout is not None
-        done, last_report = 0, 0.0
-        tail: list[str] = []
-        for line in proc.stdout:
-            tail = [*tail[-40:], line.rstrip()]
-            if line.startswith(("#", "go:")) or " " in line.strip():
-                continue
-            done += 1
-            now = time.monotonic()
-            if now - last_report > 15:
-                last_report = now
-                pct = min(99, 100 * done // max(total, 1))
-                progress(f"etj:   {pct:3d}% ({done}/{total} packages, {now - started:.0f}s)")
-        if proc.wait() != 0:
-            detail = "\n".join(tail[-15:])
-            raise ClusterError(
-                f"building the control plane failed (`go build tool` in {work}); "
-                f"check Go ≥ 1.26 and registry access. Last output:\n{detail}"
-            )
         missing = [n for n, f in BINARIES.items() if not (out / f).exists()]
         if missing:
             raise ClusterError(f"the control-plane build produced no binary for {', '.join(missing)}")
@@ -223,7 +211,41 @@ def _build(progress: Progress) -> None:
     progress(f"etj: control plane built in {time.monotonic() - started:.0f}s into {target}")
 
 
-def _run_checked(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> str:
+def go_build_with_progress(
+    cmd: list[str],
+    work: Path,
+    env: dict[str, str],
+    total: int,
+    started: float,
+    progress: Progress,
+    failure: str,
+    every_s: float = 15.0,
+) -> None:
+    """Run `go build -v` in ``work``, reporting every ``every_s`` how many of ``total`` packages it has
+    compiled (`-v` prints one per line); a failed build raises ``failure`` with the build's last lines.
+    The control plane's and Kueue's builds both take 10-30 min cold: a silent one looks hung."""
+    proc = subprocess.Popen(
+        cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    done, last_report = 0, 0.0
+    tail: list[str] = []
+    for line in proc.stdout:
+        tail = [*tail[-40:], line.rstrip()]
+        if line.startswith(("#", "go:")) or " " in line.strip():
+            continue
+        done += 1
+        now = time.monotonic()
+        if now - last_report > every_s:
+            last_report = now
+            pct = min(99, 100 * done // max(total, 1))
+            progress(f"etj:   {pct:3d}% ({done}/{total} packages, {now - started:.0f}s)")
+    if proc.wait() != 0:
+        detail = "\n".join(tail[-20:])
+        raise ClusterError(f"{failure}. Last output:\n{detail}")
+
+
+def run_checked(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> str:
     result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise ClusterError(f"{what} failed: {result.stderr.strip()[-2000:]}")
