@@ -115,10 +115,7 @@ def test_a_go_build_reports_its_packages_and_a_failure_quotes_its_last_lines(tmp
             "building X failed",
             every_s=0,
         )
-    assert (
-        said == ["etj:    25% (1/4 packages, " + said[0].split(", ")[1], said[1]]
-        and "(2/4 packages" in said[1]
-    )
+    assert len(said) == 2 and said[0].startswith("etj:    25% (1/4 packages") and "(2/4 packages" in said[1]
     assert str(err.value).startswith("building X failed. Last output:\n") and "undefined: x" in str(err.value)
     toolchain.go_build_with_progress(
         ["sh", "-c", "echo a"], tmp_path, dict(os.environ), 1, 0.0, said.append, "x"
