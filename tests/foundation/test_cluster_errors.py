@@ -120,3 +120,16 @@ def test_a_go_build_reports_its_packages_and_a_failure_quotes_its_last_lines(tmp
     toolchain.go_build_with_progress(
         ["sh", "-c", "echo a"], tmp_path, dict(os.environ), 1, 0.0, said.append, "x"
     )
+
+
+def test_a_recycled_pid_is_not_taken_for_a_component() -> None:
+    """The state file's pids are checked by argv[0] (components.process_alive): after a reboot the pid may
+    belong to anything."""
+    from etj_testbed.localcluster.components import process_alive
+
+    me = os.getpid()
+    assert process_alive(me, lambda argv0: argv0.endswith(os.path.basename(sys.executable).encode()))
+    assert not process_alive(me, lambda argv0: argv0.endswith(b"/kueue"))
+    child = subprocess.Popen(["true"])
+    child.wait()
+    assert not process_alive(child.pid, lambda _argv0: True)  # gone (reaped): nothing to find

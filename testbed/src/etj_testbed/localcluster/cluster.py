@@ -31,6 +31,7 @@ from etj_testbed.localcluster.components import (
     components,
     ensure_ports_free,
     ports_from_base,
+    process_alive,
 )
 from etj_testbed.localcluster.errors import ClusterError
 from etj_testbed.localcluster.kueue import LocalKueue
@@ -293,15 +294,8 @@ def _forget_kueue_webhooks(layout: Layout) -> None:
 
 def _alive(pid: int, name: str) -> bool:
     """True if `pid` runs and is still our component (guards against a recycled pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-        return False
-    binary = toolchain.BINARIES.get(name, name)
-    return binary.encode() in cmdline.split(b"\0", 1)[0]
+    binary = toolchain.BINARIES.get(name, name).encode()
+    return process_alive(pid, lambda argv0: binary in argv0)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,3 +211,16 @@ def ensure_ports_free(ports: Iterable[tuple[str, int]], advice: str) -> None:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 raise ClusterError(f"port {port} ({name}) on 127.0.0.1 is in use{advice}") from None
+
+
+def process_alive(pid: int, is_ours: Callable[[bytes], bool]) -> bool:
+    """True if ``pid`` runs, is no zombie, and ``is_ours`` accepts its argv[0]: a pid in a state file may
+    have been recycled by an unrelated process since (a reboot, a long pause)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return is_ours(cmdline.split(b"\0", 1)[0])

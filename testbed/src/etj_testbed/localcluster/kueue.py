@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from etj_testbed.localcluster import kueue_build, toolchain
-from etj_testbed.localcluster.components import DEFAULT_PORT_BASE, Layout, ensure_ports_free
+from etj_testbed.localcluster.components import DEFAULT_PORT_BASE, Layout, ensure_ports_free, process_alive
 from etj_testbed.localcluster.crds import established
 from etj_testbed.localcluster.errors import ClusterError
 from etj_testbed.localcluster.pki import LocalPKI
@@ -372,14 +372,7 @@ def _get(url: str) -> str | None:
 
 def _alive(pid: int) -> bool:
     """True if `pid` runs and is still Kueue's manager (guards against a recycled pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-        return False
-    return cmdline.split(b"\0", 1)[0].endswith(b"/kueue")
+    return process_alive(pid, lambda argv0: argv0.endswith(b"/kueue"))
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
