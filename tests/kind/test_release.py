@@ -51,6 +51,18 @@ def pulled(kind: KindBed, namespace: str, pod: str) -> list[tuple[str, float]]:
     return out
 
 
+def release_env(version: str, keep: Path) -> dict[str, str]:
+    """What `make release` (scripts/release.sh) is given to release ``version`` to the kind registry."""
+    return {
+        "VERSION": version,
+        "REGISTRY": PUSH_TO,
+        "PULL_REGISTRY": PULL_FROM,
+        "ETJ_RELEASE_IMAGES": "operator store trainer-cpu",  # kind's nodes never run the 7 GB CUDA image
+        "ETJ_HELM_PLAIN_HTTP": "1",
+        "ETJ_RELEASE_KEEP": str(keep),
+    }
+
+
 def image_ids(pod: JSON) -> list[str]:
     return [c.get("imageID", "") for c in (pod.get("status") or {}).get("containerStatuses") or []]
 
@@ -60,15 +72,11 @@ def test_a_release_installed_from_the_registry_trains_the_demo_job_with_every_im
 ) -> None:
     version = f"0.0.0-kind.{uuid.uuid4().hex[:8]}"  # tags no node has ever seen
     t0 = time.monotonic()
-    release_env = {
-        "VERSION": version,
-        "REGISTRY": PUSH_TO,
-        "PULL_REGISTRY": PULL_FROM,
-        "ETJ_RELEASE_IMAGES": "operator store trainer-cpu",  # kind's nodes never run the 7 GB CUDA image
-        "ETJ_HELM_PLAIN_HTTP": "1",
-        "ETJ_RELEASE_KEEP": str(tmp_path),
-    }
-    chart = run(["make", "--no-print-directory", "release"], release_env).strip().splitlines()[-1]
+    chart = (
+        run(["make", "--no-print-directory", "release"], release_env(version, tmp_path))
+        .strip()
+        .splitlines()[-1]
+    )
     release_s = time.monotonic() - t0
     assert chart == f"oci://{PUSH_TO}/charts/etj", chart
     label = '{{index .Config.Labels "org.opencontainers.image.version"}}'

@@ -42,7 +42,7 @@ from tests.kind.kindbed import (
     two_worker_job,
     wait_for,
 )
-from tests.kind.test_release import NAMESPACE, PULL_FROM, PUSH_TO, RELEASE, image_ids, run
+from tests.kind.test_release import NAMESPACE, RELEASE, image_ids, release_env, run
 
 pytestmark = [pytest.mark.kind, pytest.mark.kind_full, pytest.mark.slow]
 
@@ -56,18 +56,10 @@ JSON = dict[str, Any]
 def release(tree: Path, version: str, tmp: Path) -> str:
     """`scripts/release.sh all` of ``tree`` at ``version`` to the kind registry (CPU images): the chart's
     OCI reference."""
-    env = {
-        "VERSION": version,
-        "REGISTRY": PUSH_TO,
-        "PULL_REGISTRY": PULL_FROM,
-        "ETJ_RELEASE_IMAGES": "operator store trainer-cpu",  # kind's nodes never run the 7 GB CUDA image
-        "ETJ_HELM_PLAIN_HTTP": "1",
-        "ETJ_RELEASE_KEEP": str(tmp),
-    }
     out = subprocess.run(
         [str(tree / "scripts" / "release.sh"), "all"],
         cwd=tree,
-        env={**os.environ, **env},
+        env={**os.environ, **release_env(version, tmp)},
         capture_output=True,
         text=True,
         timeout=3600,
