@@ -52,9 +52,11 @@ from etj_operator.api.recipe import (
     AugmentationType,
     LrScheduleSpec,
     OptimizerSpec,
+    Parallelism,
     Precision,
     ScheduleType,
     epoch_checks,
+    parallelism_checks,
 )
 from etj_operator.api.schedule import (
     CostStatus,
@@ -150,13 +152,15 @@ _FIXED_TRAINING = (
     "optimizer",
     "lrSchedule",
     "augmentation",
+    "parallelism",
+    "shardGroupSize",
 )
 
 
 class TrainingSpec(CheckedModel):
     """Batch sizes, resize policy, length and recipe (optimizer, LR schedule, precision, augmentation)."""
 
-    checks = epoch_checks()
+    checks = epoch_checks() + parallelism_checks()
 
     model_config = {
         "json_schema_extra": rules(
@@ -167,8 +171,8 @@ class TrainingSpec(CheckedModel):
             ),
             cel(
                 " && ".join(unchanged(f) for f in _FIXED_TRAINING),
-                "training.epochs, seed, microBatchSize, precision, optimizer, lrSchedule, augmentation and "
-                "dynamicSGD are immutable: a change would reach only the workers started after it and mix "
+                "training.epochs, seed, microBatchSize, precision, optimizer, lrSchedule, augmentation, "
+                "parallelism, shardGroupSize and dynamicSGD are immutable: a change would reach only the workers started after it and mix "
                 "two settings in one job; create a new job to change them",
             ),
         )
@@ -215,6 +219,21 @@ class TrainingSpec(CheckedModel):
         description="fp32, bf16 or fp16: autocast, fp16 with a checkpointed gradient scaler (ETJ_PRECISION).",
     )
     augmentation: AugmentationSpec = section(AugmentationSpec, "Training-image augmentation.")
+    parallelism: Parallelism = Field(
+        default=Parallelism.DDP,
+        description="DDP: a full replica of the model and optimizer on every rank. FSDP: parameters, "
+        "gradients and optimizer state sharded over all ranks (FSDP2), checkpointed with "
+        "torch.distributed.checkpoint and resharded on load at any size; resizes restart the world "
+        "from the newest checkpoint. HSDP: sharded within groups of shardGroupSize ranks, replicated "
+        "across them. Sharded jobs need checkpoint.pvc (ETJ_PARALLELISM). Immutable.",
+    )
+    shard_group_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 16,
+        description="HSDP only: ranks per shard group; the world size must be a multiple of it "
+        "(ETJ_SHARD_GROUP_SIZE).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainingSpec:
@@ -546,6 +565,7 @@ __all__ = [
     "LrScheduleSpec",
     "OptimizerSpec",
     "PVCRef",
+    "Parallelism",
     "Phase",
     "Placement",
     "Precision",
