@@ -66,7 +66,7 @@ is (core/world.py).
 from __future__ import annotations
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
-from etj_trainer.config import ConfigIgnored, ConfigOverridden, TrainConfig
+from etj_trainer.config import ConfigIgnored, ConfigOverridden, Parallelism, TrainConfig
 from etj_trainer.core.world import StopFlag
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop.job import Job, last_job
@@ -83,6 +83,7 @@ __all__ = [
     "Loader",
     "Membership",
     "Micro",
+    "Parallelism",
     "Reduction",
     "Step",
     "StopFlag",

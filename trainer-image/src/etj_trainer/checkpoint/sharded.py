@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
@@ -62,6 +63,11 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
     }
 )
 _TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)
+
+
+class ShardedCheckpointFailed(RuntimeError):
+    """DCP's save or load failed on some rank. DCP raises a ``CheckpointException``, a BaseException that
+    the loop's failure handling (``except Exception``) would not see; this carries its text."""
 
 
 class MetadataRefused(pickle.UnpicklingError):
@@ -143,7 +149,10 @@ def save(
         tmp.mkdir(parents=True)
     if on:
         dist.barrier()  # no rank writes into tmp before it exists (and is empty)
-    dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not on)
+    try:
+        dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not on)
+    except CheckpointException as e:
+        raise ShardedCheckpointFailed(f"saving {final}: {e}") from e
     if rank == 0:
         write_atomic(tmp / STATE_FILE, encode(rest))
         shutil.rmtree(final, ignore_errors=True)
@@ -158,7 +167,12 @@ def load(path: Path, tensors: dict[str, Any]) -> dict[str, Any]:
     """Load ``path`` into ``tensors`` in place (this world's DTensor state dicts: DCP reads each rank's
     own shards, whatever the world that wrote them); returns the rest (sampler, step, RNG, meta...)."""
     on = dist.is_available() and dist.is_initialized()
-    dcp.load(tensors, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=not on)
+    # Read once here first: DCP's load would wrap a refusal in its CheckpointException of every rank
+    SafeReader(path).read_metadata()
+    try:
+        dcp.load(tensors, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=not on)
+    except CheckpointException as e:
+        raise ShardedCheckpointFailed(f"loading {path}: {e}") from e
     return decode((path / STATE_FILE).read_bytes())
 
 
