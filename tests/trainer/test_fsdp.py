@@ -116,6 +116,7 @@ def _dump(
     params = get_model_state_dict(module, options=full)  # a collective: every rank
     optim = get_optimizer_state_dict(module, opt, options=full)
     shards = [p.to_local().numel() for p in module.parameters() if isinstance(p, DTensor)]
+    meshes = {tuple(p.device_mesh.shape) for p in module.parameters() if isinstance(p, DTensor)}
     if job.world.rank == 0:
         torch.save(
             {
@@ -126,6 +127,7 @@ def _dump(
                 "stopped_early": job.stopped_early,
                 "synced": synced,
                 "shards": shards,
+                "meshes": meshes,
                 "world": job.world.size,
             },
             path,
@@ -252,7 +254,7 @@ def test_two_rank_fsdp_equals_two_rank_ddp(worlds: Callable[[str], dict[str, Any
     _optim_equal(fsdp["optim"], ddp["optim"], rtol=1e-9)
     full = sum(t.numel() for t in fsdp["params"].values())
     assert fsdp["shards"] and sum(fsdp["shards"]) < full  # rank 0's shards: about half of the model
-    assert not ddp["shards"]
+    assert fsdp["meshes"] == {(2,)} and not ddp["shards"]
 
 
 def test_accumulation_under_fsdp_equals_one_micro_batch_and_reduces_once(
@@ -308,6 +310,7 @@ def test_hsdp_two_by_two_equals_ddp(worlds: Callable[[str], dict[str, Any]]) -> 
     _optim_equal(hsdp["optim"], ddp4["optim"], rtol=1e-9)
     _close(hsdp["params"], ddp2["params"])  # and the fixed global batch: 4 ranks end where 2 do
     full = sum(t.numel() for t in hsdp["params"].values())
+    assert hsdp["meshes"] == {(2, 2)}  # replicate x shard, not one dimension of 4
     assert sum(hsdp["shards"]) < full  # sharded within a group of 2: about half
 
 
