@@ -98,19 +98,26 @@ def _train(cfg: TrainConfig, out: Path, name: str, stop: elastic.StopFlag | None
     model = job.setup_model(_net(), shard=(torch.nn.Linear,))
     opt = job.setup_dynamic_sgd(model.parameters())
     synced: list[bool] = []  # per micro-batch: did its backward leave reduced (sharded) gradients
+    first: list[int] = []  # the first step this run trained (a restored run starts after its checkpoint)
     for step in job.steps():
+        first = first or [step.number]
         for micro in step.micro_batches():
             ids = torch.from_numpy(micro.ids)
             step.backward(F.cross_entropy(model(data.x[ids]), data.y[ids], reduction="sum"))
             synced.append(all(p.grad is not None for p in model.parameters()))
         step.optimizer_step()
-    _dump(job, model.module, opt, out / f"{name}.pt", synced)
+    _dump(job, model.module, opt, out / f"{name}.pt", synced, first)
     job.finish()
     return job
 
 
 def _dump(
-    job: elastic.Job, module: torch.nn.Module, opt: torch.optim.Optimizer, path: Path, synced: list[bool]
+    job: elastic.Job,
+    module: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    path: Path,
+    synced: list[bool],
+    first: list[int],
 ) -> None:
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     params = get_model_state_dict(module, options=full)  # a collective: every rank
@@ -126,6 +133,7 @@ def _dump(
                 "step": job.steps_done,
                 "stopped_early": job.stopped_early,
                 "synced": synced,
+                "first": first[0] if first else None,
                 "shards": shards,
                 "meshes": meshes,
                 "world": job.world.size,
@@ -172,7 +180,9 @@ def _two_ranks(rank: int, size: int, out: Path) -> None:
     _train(_cfg(None, "FSDP", micro=GLOBAL), out, "fsdp2_whole")  # one micro-batch per share
     # the restart path of a resize: rank 1 leaves at LEAVE_AT, in-place resizes would be on (an agent's
     # state file and an external store named), and the world must stop and checkpoint instead
+    # and each rank a node of its own, so that rank 0 survives (a node's ranks leave together)
     os.environ.update(ETJ_AGENT_STATE_FILE=str(out / "agent.state"), ETJ_RDZV_ENDPOINT="127.0.0.1:1")
+    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     leave = _Leave(LEAVE_AT) if rank == 1 else None
     _train(_cfg(out / "left", "FSDP"), out, "left", stop=leave)
 
@@ -281,7 +291,7 @@ def test_a_checkpoint_written_at_two_ranks_loads_at_another_size(
     worlds: Callable[[str], dict[str, Any]], at: int
 ) -> None:
     written, loaded = worlds("fsdp2"), worlds(f"load_at{at}")
-    assert (loaded["world"], loaded["step"]) == (at, STEPS)
+    assert (loaded["world"], loaded["step"], loaded["first"]) == (at, STEPS, None)  # nothing left to train
     assert sorted(p.name for p in (written["dir"] / "fsdp2").iterdir()) == [f"dcp-{STEPS:09d}"]
     _close(loaded["params"], written["params"], rtol=0)
     _optim_equal(loaded["optim"], written["optim"])
@@ -297,6 +307,7 @@ def test_a_leave_under_fsdp_takes_the_restart_path_and_resumes_at_another_size(
     left, resumed, ddp = worlds("left"), worlds("resumed_at3"), worlds("ddp2")
     assert (left["step"], left["stopped_early"]) == (LEAVE_AT, True)
     assert sorted(p.name for p in (left["dir"] / "left").iterdir()) == [f"dcp-{LEAVE_AT:09d}"]
+    assert (left["first"], resumed["first"]) == (1, LEAVE_AT + 1)  # the 3 ranks went on from the checkpoint
     assert (resumed["step"], resumed["world"], resumed["stopped_early"]) == (STEPS, 3, False)
     _close(resumed["params"], ddp["params"])
 
