@@ -366,7 +366,7 @@ def test_a_pickled_value_in_the_shards_is_refused_too(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     dcp.save({"evil": _Payload(marker)}, storage_writer=dcp.FileSystemWriter(tmp_path / "c"), no_dist=True)
     (tmp_path / "c" / sharded.STATE_FILE).write_bytes(encode({}))
-    with pytest.raises(sharded.ShardedCheckpointFailed, match="Unsupported global: GLOBAL io.open"):
+    with pytest.raises(sharded.ShardedCheckpointFailed, match=r"Unsupported global: GLOBAL io\.open"):
         sharded.load(tmp_path / "c", {"evil": None})
     assert not marker.exists()
 
@@ -409,7 +409,7 @@ def test_parallelism_travels_from_the_spec_to_the_trainer(
     ids=["HSDP without its group", "a group without HSDP", "unknown"],
 )
 def test_the_spec_refuses_a_parallelism_it_cannot_run(training: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="parallelism|shardGroupSize"):
+    with pytest.raises(ValueError, match=r"parallelism|shardGroupSize"):
         TrainingSpec.model_validate({"globalBatchSize": 64, "microBatchSize": 16, **training})
 
 
@@ -423,5 +423,5 @@ def test_the_flags_and_the_config_take_it_too(tmp_path: Path) -> None:
         TrainConfig(parallelism=Parallelism.HSDP)
     with pytest.raises(ValueError, match="checkpoint_uri"):
         TrainConfig(parallelism=Parallelism.FSDP, checkpoint_uri="s3://bucket/run")
-    with pytest.raises(ValueError, match="parallelism='ZeRO' is not one of DDP, FSDP, HSDP"):
+    with pytest.raises(ValueError, match=r"parallelism='ZeRO' is not one of DDP, FSDP, HSDP"):
         TrainConfig(parallelism="ZeRO")  # type: ignore[arg-type]

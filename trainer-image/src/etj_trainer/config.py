@@ -26,7 +26,6 @@ class Parallelism(StrEnum):
     HSDP = "HSDP"  # FSDP2 on a 2-D mesh: sharded within groups of shard_group_size, replicated across
 
 
-
 DEFAULT_MICRO_BATCH = 64  # micro_batch_size when unset (0), capped at the global batch
 # The counts a config must hold, with their least value (the CRD's bounds, etj_operator/api/models.py):
 # a 0 or negative size used to fail deep in the sampler, after the process group and the restore.
@@ -143,7 +142,7 @@ class TrainConfig:
         torch.distributed.checkpoint to a file system every rank shares (checkpoint_dir); the object-store
         copy does not take it yet (docs/trainer.md, "Sharded models"), so it is refused, not ignored."""
         if self.parallelism == Parallelism.HSDP and self.shard_group_size < 1:
-            raise ValueError("parallelism='HSDP' needs shard_group_size (ranks per shard group) of at least 1")
+            raise ValueError("parallelism='HSDP' needs shard_group_size (ranks per group) of at least 1")
         if self.parallelism != Parallelism.HSDP and self.shard_group_size:
             raise ValueError(
                 f"shard_group_size={self.shard_group_size} is for parallelism='HSDP', "

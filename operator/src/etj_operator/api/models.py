@@ -172,8 +172,8 @@ class TrainingSpec(CheckedModel):
             cel(
                 " && ".join(unchanged(f) for f in _FIXED_TRAINING),
                 "training.epochs, seed, microBatchSize, precision, optimizer, lrSchedule, augmentation, "
-                "parallelism, shardGroupSize and dynamicSGD are immutable: a change would reach only the workers started after it and mix "
-                "two settings in one job; create a new job to change them",
+                "parallelism, shardGroupSize and dynamicSGD are immutable: a change would reach only the "
+                "workers started after it and mix two settings in one job; create a new job to change them",
             ),
         )
     }

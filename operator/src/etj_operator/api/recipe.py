@@ -189,7 +189,7 @@ def parallelism_checks() -> tuple[Check, ...]:
     return (
         Check(
             "has(self.shardGroupSize) == (has(self.parallelism) && self.parallelism == 'HSDP')",
-            "training.shardGroupSize is set exactly when training.parallelism is HSDP (ranks per shard group)",
+            "training.shardGroupSize (ranks per shard group) is set when parallelism is HSDP, and only then",
             lambda t: (t.shard_group_size is not None) == (t.parallelism == Parallelism.HSDP),
             field_path=".shardGroupSize",
         ),

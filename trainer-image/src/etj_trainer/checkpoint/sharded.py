@@ -49,11 +49,12 @@ _DIR = re.compile(r"^dcp-(\d{9})$")
 # Every global a DCP .metadata of torch 2.14 names (recorded from real saves of model and optimizer
 # states); torch's dtypes, layouts and memory formats are checked by type below.
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_DCP_CLASSES = (
+    "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
+    "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING",
+)  # fmt: skip
 ALLOWED: frozenset[tuple[str, str]] = frozenset(
-    {(_DCP_METADATA, name) for name in (
-        "Metadata", "StorageMeta", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata",
-        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING",
-    )}  # fmt: skip
+    {(_DCP_METADATA, name) for name in _DCP_CLASSES}
     | {
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         ("torch.serialization", "_get_layout"),  # a name -> torch.layout lookup

@@ -359,7 +359,8 @@ class Engine:
             # ramps from the multiplier in force to this world's
             self.state.optimizer.set_target(plan.lr_target)
         inc = self.incarnation = incarnation(w.dist_on)
-        self.inplace.enter(w, inc, allowed=not cfg.sharded)  # heartbeat under this membership's id; rank 0 opens the join door
+        # heartbeat under this membership's id; rank 0 opens the join door (not for a sharded state)
+        self.inplace.enter(w, inc, allowed=not cfg.sharded)
         samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
         self.model.train()
         m = self.membership = Membership(w, plan, inc, cfg, self.state, ddp, samples_log)

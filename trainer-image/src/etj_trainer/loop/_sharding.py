@@ -102,7 +102,12 @@ class ShardedCheckpoints:
         rest = state.rest_state(world.size)
         rest["optimizer_extra"] = _optimizer_extra(state.optimizer)
         path = sharded.save(
-            self.directory, state.steps_done, {"model": model, "optimizer": optim}, rest, world.rank, self.keep
+            self.directory,
+            state.steps_done,
+            {"model": model, "optimizer": optim},
+            rest,
+            world.rank,
+            self.keep,
         )
         return {"step": state.steps_done, "path": str(path), "time": time.time()}
 
