@@ -424,6 +424,26 @@ CASES: list[Case] = [
         "spec.checkpoint",
         "set checkpoint.pvc or checkpoint.uri, not both",
     ),
+    # a sharded job's DCP checkpoint is every rank's files on one volume: the object store takes DDP's only
+    Case(
+        "sharded-checkpoint-to-an-object-store",
+        _both(_set("spec.training.parallelism", "FSDP"), _set("spec.checkpoint", {"uri": "s3://bucket/job"})),
+        "spec.checkpoint.uri",
+        "checkpoints to a volume every worker mounts",
+        pydantic_why="checkpoints to a volume every worker mounts",
+    ),
+    Case(
+        "hsdp-without-its-shard-group",
+        _set("spec.training.parallelism", "HSDP"),
+        "spec.training.shardGroupSize",
+        "training.shardGroupSize (ranks per shard group) is set when parallelism is HSDP",
+    ),
+    Case(
+        "a-shard-group-without-hsdp",
+        _both(_set("spec.training.parallelism", "FSDP"), _set("spec.training.shardGroupSize", 2)),
+        "spec.training.shardGroupSize",
+        "training.shardGroupSize (ranks per shard group) is set when parallelism is HSDP",
+    ),
     Case(
         "checkpoint-relative-path",
         _set("spec.checkpoint", {"path": "ckpt"}),

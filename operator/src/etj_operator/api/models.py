@@ -426,6 +426,11 @@ DSGD_BATCH_NOT_MULTIPLE = (
     "with DynamicSGD, training.globalBatchSize is the batch at replicas.min and must be a multiple of the "
     "training processes there (replicas.min x trainer.procsPerWorker)"
 )
+# DCP writes every rank's shards to one file system; the object-store writer takes whole DDP files only.
+SHARDED_NEEDS_VOLUME = (
+    "training.parallelism FSDP or HSDP checkpoints to a volume every worker mounts (checkpoint.pvc), "
+    "not to checkpoint.uri"
+)
 
 
 class ElasticTrainingJobSpec(ApiModel):
@@ -445,6 +450,12 @@ class ElasticTrainingJobSpec(ApiModel):
                 f"self.training.globalBatchSize % (self.replicas.min * {_PROCS_CEL}) == 0",
                 DSGD_BATCH_NOT_MULTIPLE,
                 field_path=".training.globalBatchSize",
+            ),
+            cel(
+                "!has(self.training.parallelism) || self.training.parallelism == 'DDP' || "
+                "!has(self.checkpoint) || !has(self.checkpoint.uri)",
+                SHARDED_NEEDS_VOLUME,
+                field_path=".checkpoint.uri",
             ),
         )
     }
@@ -490,6 +501,8 @@ class ElasticTrainingJobSpec(ApiModel):
                 raise ValueError(f"{DSGD_BATCH_NOT_MULTIPLE} ({batch} is not a multiple of {self.min_ranks})")
         elif batch < self.max_ranks:
             raise ValueError(f"{FIXED_BATCH_TOO_SMALL} ({batch} < {self.max_ranks})")
+        if self.training.parallelism != Parallelism.DDP and self.checkpoint.uri:
+            raise ValueError(SHARDED_NEEDS_VOLUME)
         return self
 
     @property
