@@ -433,16 +433,10 @@ CASES: list[Case] = [
         pydantic_why="checkpoints to a volume every worker mounts",
     ),
     Case(
-        "hsdp-without-its-shard-group",
-        _set("spec.training.parallelism", "HSDP"),
-        "spec.training.shardGroupSize",
-        "training.shardGroupSize (ranks per shard group) is set when parallelism is HSDP",
-    ),
-    Case(
         "a-shard-group-without-hsdp",
         _both(_set("spec.training.parallelism", "FSDP"), _set("spec.training.shardGroupSize", 2)),
         "spec.training.shardGroupSize",
-        "training.shardGroupSize (ranks per shard group) is set when parallelism is HSDP",
+        "training.shardGroupSize (ranks per shard group) is for training.parallelism HSDP only",
     ),
     Case(
         "checkpoint-relative-path",

@@ -392,8 +392,9 @@ def _through_the_contract(training: dict[str, Any]) -> TrainConfig:
         ({}, (Parallelism.DDP, 0)),
         ({"parallelism": "FSDP"}, (Parallelism.FSDP, 0)),
         ({"parallelism": "HSDP", "shardGroupSize": 2}, (Parallelism.HSDP, 2)),
+        ({"parallelism": "HSDP"}, (Parallelism.HSDP, 0)),  # a pod's ranks (shard_group)
     ],
-    ids=["default", "FSDP", "HSDP"],
+    ids=["default", "FSDP", "HSDP", "HSDP by pod"],
 )
 def test_parallelism_travels_from_the_spec_to_the_trainer(
     training: dict[str, Any], expected: tuple[Parallelism, int]
@@ -405,8 +406,8 @@ def test_parallelism_travels_from_the_spec_to_the_trainer(
 
 @pytest.mark.parametrize(
     "training",
-    [{"parallelism": "HSDP"}, {"parallelism": "FSDP", "shardGroupSize": 2}, {"parallelism": "ZeRO"}],
-    ids=["HSDP without its group", "a group without HSDP", "unknown"],
+    [{"parallelism": "FSDP", "shardGroupSize": 2}, {"parallelism": "ZeRO"}],
+    ids=["a group without HSDP", "unknown"],
 )
 def test_the_spec_refuses_a_parallelism_it_cannot_run(training: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"parallelism|shardGroupSize"):
@@ -419,9 +420,20 @@ def test_the_flags_and_the_config_take_it_too(tmp_path: Path) -> None:
     ns = ap.parse_args(["--parallelism", "HSDP", "--shard-group-size", "4"])
     cfg = TrainConfig.from_env(cli._train_env(ns))
     assert (cfg.parallelism, cfg.shard_group_size) == (Parallelism.HSDP, 4)
-    with pytest.raises(ValueError, match="needs shard_group_size"):
-        TrainConfig(parallelism=Parallelism.HSDP)
+    assert TrainConfig(parallelism=Parallelism.HSDP, procs_per_worker=4).shard_group == 4  # unset: a pod
+    with pytest.raises(ValueError, match=r"shard_group_size=2 is for parallelism='HSDP', not 'FSDP'"):
+        TrainConfig(parallelism=Parallelism.FSDP, shard_group_size=2)
     with pytest.raises(ValueError, match="checkpoint_uri"):
         TrainConfig(parallelism=Parallelism.FSDP, checkpoint_uri="s3://bucket/run")
     with pytest.raises(ValueError, match=r"parallelism='ZeRO' is not one of DDP, FSDP, HSDP"):
         TrainConfig(parallelism="ZeRO")  # type: ignore[arg-type]
+
+
+def test_hsdp_refuses_a_world_that_is_not_whole_shard_groups() -> None:
+    """Before any mesh or group is made: 3 ranks cannot be groups of 2 (the error names the fix)."""
+    from etj_trainer.core.world import World
+    from etj_trainer.loop._sharding import mesh_for
+
+    world = World(dist_on=True, rank=0, size=3, local_rank=0, local_size=1, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"multiple of it, not 3 \(set replicas in whole shard groups\)"):
+        mesh_for(TrainConfig(parallelism=Parallelism.HSDP, shard_group_size=2), world)

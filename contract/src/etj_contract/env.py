@@ -277,7 +277,7 @@ PARALLELISM = _var(
 SHARD_GROUP_SIZE = _var(
     "SHARD_GROUP_SIZE",
     int,
-    "HSDP: ranks per shard group (the world size must be a multiple of it; 0: unset)",
+    "HSDP: ranks per shard group (the world size must be a multiple of it; 0: a pod's ranks)",
     field="shard_group_size",
     flag=True,
     set_by=OP,

@@ -138,11 +138,9 @@ class TrainConfig:
         self._check_sharding()
 
     def _check_sharding(self) -> None:
-        """HSDP needs its shard-group size, and only HSDP takes one. A sharded state is written with
-        torch.distributed.checkpoint to a file system every rank shares (checkpoint_dir); the object-store
-        copy does not take it yet (docs/trainer.md, "Sharded models"), so it is refused, not ignored."""
-        if self.parallelism == Parallelism.HSDP and self.shard_group_size < 1:
-            raise ValueError("parallelism='HSDP' needs shard_group_size (ranks per group) of at least 1")
+        """Only HSDP takes a shard-group size (unset: a pod's ranks, ``shard_group``). A sharded state is
+        written with torch.distributed.checkpoint to a file system every rank shares (checkpoint_dir); the
+        object-store copy does not take it yet (docs/trainer.md, "Sharded models"): refused, not ignored."""
         if self.parallelism != Parallelism.HSDP and self.shard_group_size:
             raise ValueError(
                 f"shard_group_size={self.shard_group_size} is for parallelism='HSDP', "
@@ -154,6 +152,12 @@ class TrainConfig:
                 "checkpoint_dir (a volume every rank shares); checkpoint_uri (s3://) takes DDP "
                 "checkpoints only for now"
             )
+
+    @property
+    def shard_group(self) -> int:
+        """HSDP's ranks per shard group: as set, else a pod's ranks (shards within a node's fast links,
+        replicas across nodes)."""
+        return self.shard_group_size or self.procs_per_worker
 
     @property
     def sharded(self) -> bool:

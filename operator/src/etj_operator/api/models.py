@@ -231,7 +231,8 @@ class TrainingSpec(CheckedModel):
         default=None,
         ge=1,
         le=1 << 16,
-        description="HSDP only: ranks per shard group; the world size must be a multiple of it "
+        description="HSDP only: ranks per shard group (default: trainer.procsPerWorker, so a pod holds "
+        "one sharded copy and pods replicate it); the world size must be a multiple of it "
         "(ETJ_SHARD_GROUP_SIZE).",
     )
 

@@ -185,12 +185,12 @@ def epoch_checks() -> tuple[Check, ...]:
 
 
 def parallelism_checks() -> tuple[Check, ...]:
-    """``training.shardGroupSize`` is HSDP's, and HSDP needs it."""
+    """``training.shardGroupSize`` is HSDP's (unset there: a pod's ranks)."""
     return (
         Check(
-            "has(self.shardGroupSize) == (has(self.parallelism) && self.parallelism == 'HSDP')",
-            "training.shardGroupSize (ranks per shard group) is set when parallelism is HSDP, and only then",
-            lambda t: (t.shard_group_size is not None) == (t.parallelism == Parallelism.HSDP),
+            "!has(self.shardGroupSize) || (has(self.parallelism) && self.parallelism == 'HSDP')",
+            "training.shardGroupSize (ranks per shard group) is for training.parallelism HSDP only",
+            lambda t: t.shard_group_size is None or t.parallelism == Parallelism.HSDP,
             field_path=".shardGroupSize",
         ),
     )

@@ -38,7 +38,7 @@ def mesh_for(cfg: TrainConfig, world: World) -> DeviceMesh:
     """FSDP: one dimension over every rank. HSDP: (replicas, shard_group_size), named replicate x shard."""
     kind = world.device.type
     if cfg.parallelism == Parallelism.HSDP:
-        group = cfg.shard_group_size
+        group = cfg.shard_group
         if world.size % group:
             raise ValueError(
                 f"parallelism HSDP with shard_group_size={group} needs a world size that is a multiple of "
