@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,13 @@ from torch.distributed.tensor import DTensor
 
 from etj_operator.api.models import TrainingSpec
 from etj_operator.decide.objects.pod_env import recipe_env
+from etj_testbed import worldsim
 from etj_trainer import cli, elastic
+from etj_trainer.agent.local_launcher import parse_schedule, run_local
 from etj_trainer.checkpoint import sharded
-from etj_trainer.checkpoint.store import encode
+from etj_trainer.checkpoint.store import encode, load_latest
 from etj_trainer.config import Parallelism, TrainConfig
+from etj_trainer.core.sample_log import consumed_per_epoch
 from etj_trainer.core.stopping import StopCode
 
 N, GLOBAL, EPOCHS = 49, 16, 2
@@ -437,3 +441,44 @@ def test_hsdp_refuses_a_world_that_is_not_whole_shard_groups() -> None:
     world = World(dist_on=True, rank=0, size=3, local_rank=0, local_size=1, device=torch.device("cpu"))
     with pytest.raises(ValueError, match=r"multiple of it, not 3 \(set replicas in whole shard groups\)"):
         mesh_for(TrainConfig(parallelism=Parallelism.HSDP, shard_group_size=2), world)
+
+
+# ---- end to end: etj-train local, a leave and a join through the restart path ------------------------------
+
+
+@pytest.mark.slow
+def test_a_sharded_job_resizes_through_the_restart_path_exactly_once_and_equal(
+    tmp_path: Path, tiny_job_env: Callable[..., dict[str, str]]
+) -> None:
+    """Two agents, FSDP: a node leaves at step 15 and one joins at step 30. Each resize restarts the world
+    from the newest checkpoint, resharded (2 -> 1 -> 2), the reason logged; every sample once per epoch,
+    and the final weights equal a fixed 2-rank DDP run within 1e-9."""
+    env = tiny_job_env(
+        tmp_path,
+        ETJ_EPOCHS="2",
+        ETJ_MIN_STEP_SECONDS="0.3",
+        ETJ_PARALLELISM="FSDP",
+        ETJ_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+    )
+    result = run_local(2, parse_schedule("15:-1,30:+1"), env, tmp_path / "logs", timeout_s=600)
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1), (1, 2)]  # type: ignore[index]
+    logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
+    assert "restart the world (in-process resize disabled (parallelism FSDP" in logs
+    assert "in process" not in logs and logs.count("ready at step") == 3  # a world start per size
+    per_epoch = consumed_per_epoch(tmp_path / "samples")
+    assert sorted(per_epoch) == [0, 1] and all(sorted(ids) == list(range(1438)) for ids in per_epoch.values())
+    # the last sharded checkpoint, loaded whole in this process, against a fixed DDP run's last checkpoint
+    fixed = replace(
+        TrainConfig.from_env({**env, "ETJ_PARALLELISM": "DDP"}),
+        checkpoint_dir=tmp_path / "fixed",
+        local_checkpoint_dir=None,
+        sample_log_dir=None,
+    )
+    worldsim.run_world(fixed, 2)
+    ddp = load_latest(tmp_path / "fixed")
+    (step, path), *_ = sharded.list_sharded(tmp_path / "ckpt")
+    assert ddp is not None and ddp.step == step
+    mine = {k: torch.zeros_like(v) for k, v in ddp.state["model"].items()}
+    sharded.load(path, {"model": mine})
+    _close(mine, dict(ddp.state["model"]))
