@@ -9,6 +9,7 @@ one sample and some ranks' shares are empty. Equal means within the DDP proofs' 
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import shutil
@@ -348,7 +349,7 @@ def _checkpoint(tmp: Path) -> Path:
 
 def test_the_metadata_unpickler_refuses_a_pickled_payload(tmp_path: Path) -> None:
     path = _checkpoint(tmp_path)
-    template = {"model": {"w": torch.zeros(6)}, "optimizer": {"param_groups": [{"lr": 0.0}]}}
+    template: dict[str, Any] = {"model": {"w": torch.zeros(6)}, "optimizer": {"param_groups": [{"lr": 0.0}]}}
     assert sharded.load(path, template) == {"step": 7}  # the real metadata goes through the allow-list
     assert template["model"]["w"].tolist() == list(range(6))
     assert template["optimizer"]["param_groups"][0]["lr"] == 0.1
@@ -419,7 +420,7 @@ def test_the_spec_refuses_a_parallelism_it_cannot_run(training: dict[str, Any]) 
 
 
 def test_the_flags_and_the_config_take_it_too(tmp_path: Path) -> None:
-    ap = cli.argparse.ArgumentParser()
+    ap = argparse.ArgumentParser()
     cli._add_train_flags(ap)
     ns = ap.parse_args(["--parallelism", "HSDP", "--shard-group-size", "4"])
     cfg = TrainConfig.from_env(cli._train_env(ns))
@@ -462,7 +463,8 @@ def test_a_sharded_job_resizes_through_the_restart_path_exactly_once_and_equal(
     )
     result = run_local(2, parse_schedule("15:-1,30:+1"), env, tmp_path / "logs", timeout_s=600)
     assert result.get("finished") is True, result
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == [(2, 1), (1, 2)]  # type: ignore[index]
+    resizes: list[dict[str, Any]] = result["resizes"]  # type: ignore[assignment]
+    assert [(r["from"], r["to"]) for r in resizes] == [(2, 1), (1, 2)]
     logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
     assert "restart the world (in-process resize disabled (parallelism FSDP" in logs
     assert "in process" not in logs and logs.count("ready at step") == 3  # a world start per size

@@ -130,7 +130,10 @@ class ShardedCheckpoints:
         extra = rest.pop("optimizer_extra", {})
         if extra:  # what torch's optimizer state dict API leaves out, e.g. DynamicSGD's ramp
             state.optimizer.load_state_dict({**state.optimizer.state_dict(), **extra})
+        written_by = rest["meta"].get("world_size")
         state.load_rest(rest)
+        if world.rank == 0:
+            print(f"etj: {path.name} written by {written_by} ranks, resharded onto {world.size}", flush=True)
         return path
 
 
