@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
 )
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from etj_operator.api.models import TrainingSpec
@@ -48,6 +49,7 @@ from etj_trainer.core.stopping import StopCode
 N, GLOBAL, EPOCHS = 49, 16, 2
 STEPS = 2 * 4  # 49 samples in steps of 16: 3 full steps and one of 1, per epoch
 LEAVE_AT = 3  # the step whose stop code says "leaving" in the restart-path run
+CLIP = 0.1  # every run clips its gradients to this norm (step.clip_gradients works on DTensors too)
 
 
 class Points(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -95,23 +97,33 @@ class _Leave(elastic.StopFlag):
         pass
 
 
-def _train(cfg: TrainConfig, out: Path, name: str, stop: elastic.StopFlag | None = None) -> elastic.Job:
+def _train(
+    cfg: TrainConfig,
+    out: Path,
+    name: str,
+    stop: elastic.StopFlag | None = None,
+    mp: MixedPrecisionPolicy | None = None,
+) -> elastic.Job:
     """The loop: ids through the sampler, a summed loss; then every rank dumps the full state (rank 0
     writes it) and, for a sharded run, what accumulation did to the sharded gradients."""
     data = Points()
     job = elastic.Job(N, cfg, stop=stop or elastic.StopFlag())
-    model = job.setup_model(_net(), shard=(torch.nn.Linear,))
+    model = job.setup_model(_net(), shard=(torch.nn.Linear,), mixed_precision=mp)
     opt = job.setup_dynamic_sgd(model.parameters())
     synced: list[bool] = []  # per micro-batch: did its backward leave reduced (sharded) gradients
+    norms: list[float] = []  # each step's gradient norm before clipping
+    out_dtype: torch.dtype | None = None  # the forward's (a mixed-precision policy's param_dtype)
     first: list[int] = []  # the first step this run trained (a restored run starts after its checkpoint)
     for step in job.steps():
         first = first or [step.number]
         for micro in step.micro_batches():
             ids = torch.from_numpy(micro.ids)
-            step.backward(F.cross_entropy(model(data.x[ids]), data.y[ids], reduction="sum"))
+            out_dtype = (logits := model(data.x[ids])).dtype
+            step.backward(F.cross_entropy(logits, data.y[ids], reduction="sum"))
             synced.append(all(p.grad is not None for p in model.parameters()))
-        step.optimizer_step()
-    _dump(job, model.module, opt, out / f"{name}.pt", synced, first)
+        norms.append(float(step.clip_gradients(CLIP)))  # active: the norms are above it (a sharded norm
+        step.optimizer_step()  # is a reduction over the ranks' shards)
+    _dump(job, model.module, opt, out / f"{name}.pt", synced, first, norms, out_dtype)
     job.finish()
     return job
 
@@ -123,6 +135,8 @@ def _dump(
     path: Path,
     synced: list[bool],
     first: list[int],
+    norms: list[float],
+    out_dtype: torch.dtype | None = None,
 ) -> None:
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     params = get_model_state_dict(module, options=full)  # a collective: every rank
@@ -139,6 +153,8 @@ def _dump(
                 "stopped_early": job.stopped_early,
                 "synced": synced,
                 "first": first[0] if first else None,
+                "norms": norms,
+                "out_dtype": out_dtype,
                 "shards": shards,
                 "meshes": meshes,
                 "world": job.world.size,
@@ -183,6 +199,9 @@ def _two_ranks(rank: int, size: int, out: Path) -> None:
     _train(_cfg(None, "DDP"), out, "ddp2")
     _train(_cfg(out / "fsdp2", "FSDP"), out, "fsdp2")  # micro-batches of 3: accumulation
     _train(_cfg(None, "FSDP", micro=GLOBAL), out, "fsdp2_whole")  # one micro-batch per share
+    # mixed precision: float32 parameters in the forward and backward, float64 reduction and weights
+    mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float64)
+    _train(_cfg(None, "FSDP"), out, "fsdp2_mp", mp=mp)
     # the restart path of a resize: rank 1 leaves at LEAVE_AT, in-place resizes would be on (an agent's
     # state file and an external store named), and the world must stop and checkpoint instead
     # and each rank a node of its own, so that rank 0 survives (a node's ranks leave together)
@@ -221,7 +240,8 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str],
     """Runs each world once, on first use; returns a run's dump by name."""
     out = tmp_path_factory.mktemp("fsdp")
     ran: set[str] = set()
-    needs = {"ddp2": "two", "fsdp2": "two", "fsdp2_whole": "two", "left": "two", "load_at3": "three",
+    needs = {"ddp2": "two", "fsdp2": "two", "fsdp2_whole": "two", "fsdp2_mp": "two", "left": "two",
+             "load_at3": "three",
              "resumed_at3": "three", "load_at1": "one", "ddp4": "four", "hsdp4": "four"}  # fmt: skip
 
     def run(name: str) -> dict[str, Any]:
@@ -267,6 +287,8 @@ def test_two_rank_fsdp_equals_two_rank_ddp(worlds: Callable[[str], dict[str, Any
     assert ddp["step"] == fsdp["step"] == STEPS
     _close(fsdp["params"], ddp["params"])
     _optim_equal(fsdp["optim"], ddp["optim"], rtol=1e-9)
+    torch.testing.assert_close(fsdp["norms"], ddp["norms"], rtol=1e-9, atol=0)  # the whole model's norm
+    assert min(ddp["norms"]) > CLIP  # so every step clipped
     full = sum(t.numel() for t in fsdp["params"].values())
     assert fsdp["shards"] and sum(fsdp["shards"]) < full  # rank 0's shards: about half of the model
     assert fsdp["meshes"] == {(2,)} and not ddp["shards"]
@@ -286,6 +308,17 @@ def test_accumulation_under_fsdp_equals_one_micro_batch_and_reduces_once(
     # rank 0's share of a full step is 8 samples: micro-batches of 3, 3, 2 -> synced only in the third
     assert synced[:3] == [False, False, True]
     assert synced.count(True) == STEPS  # once a step
+
+
+def test_a_mixed_precision_policy_reaches_fsdp(worlds: Callable[[str], dict[str, Any]]) -> None:
+    """setup_model(mixed_precision=...): the forward ran in float32 (the unsharded parameters' dtype),
+    the weights stayed float64 and end near DDP's -- not equal to them, which the float64 runs are."""
+    mixed, ddp = worlds("fsdp2_mp"), worlds("ddp2")
+    assert (mixed["out_dtype"], ddp["out_dtype"]) == (torch.float32, torch.float64)
+    assert {t.dtype for t in mixed["params"].values()} == {torch.float64}
+    _close(mixed["params"], ddp["params"], rtol=1e-4)
+    with pytest.raises(AssertionError):
+        _close(mixed["params"], ddp["params"])
 
 
 # ---- (2) a DCP checkpoint written at 2 ranks loads at 3 and at 1 ------------------------------------------
