@@ -41,7 +41,7 @@ from etj_testbed import worldsim
 from etj_trainer import cli, elastic
 from etj_trainer.agent.local_launcher import parse_schedule, run_local
 from etj_trainer.checkpoint import sharded
-from etj_trainer.checkpoint.store import encode, load_latest
+from etj_trainer.checkpoint.store import CheckpointNotDurable, encode, load_latest
 from etj_trainer.config import Parallelism, TrainConfig
 from etj_trainer.core.sample_log import consumed_per_epoch
 from etj_trainer.core.stopping import StopCode
@@ -66,10 +66,11 @@ class Points(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def _cfg(ckpt: Path | None, parallelism: str = "DDP", micro: int = 3, **kw: Any) -> TrainConfig:
+    kw = {"checkpoint_interval_steps": 0, **kw}
     return TrainConfig(
         global_batch_size=GLOBAL, micro_batch_size=micro, epochs=EPOCHS, seed=1, lr=0.1, momentum=0.9,
         weight_decay=1e-3, dtype="float64", checkpoint_dir=ckpt, local_checkpoint_dir=None,
-        checkpoint_interval_steps=0, parallelism=Parallelism(parallelism), **kw,
+        parallelism=Parallelism(parallelism), **kw,
     )  # fmt: skip
 
 
@@ -517,3 +518,52 @@ def test_a_sharded_job_resizes_through_the_restart_path_exactly_once_and_equal(
     mine = {k: torch.zeros_like(v) for k, v in ddp.state["model"].items()}
     sharded.load(path, {"model": mine})
     _close(mine, dict(ddp.state["model"]))
+
+
+def _one_process(cfg: TrainConfig) -> elastic.Job:
+    data = Points()
+    job = elastic.Job(N, cfg, stop=elastic.StopFlag())
+    model = job.setup_model(_net(), shard=(torch.nn.Linear,))
+    job.setup_dynamic_sgd(model.parameters())
+    for step in job.steps():
+        for micro in step.micro_batches():
+            ids = torch.from_numpy(micro.ids)
+            step.backward(F.cross_entropy(model(data.x[ids]), data.y[ids], reduction="sum"))
+        step.optimizer_step()
+    return job
+
+
+def test_a_failed_interval_write_is_counted_as_ddps_and_the_last_one_raises(tmp_path: Path) -> None:
+    """One process (no group: nothing to shard over, DCP without collectives). A checkpoint directory
+    that cannot be made: the interval writes fail, are counted (checkpoint.maxFailedWrites) and training
+    goes on; the final write raises; with no failure allowed the job stops at the first."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    cfg = _cfg(
+        blocked / "ckpt", "FSDP", max_steps=4, checkpoint_interval_steps=2, checkpoint_max_failed_writes=5
+    )
+    job = _one_process(cfg)
+    assert job.steps_done == 4
+    with pytest.raises(sharded.ShardedCheckpointFailed, match="could not prepare"):
+        job.finish()
+    cfg = _cfg(
+        blocked / "ckpt", "FSDP", max_steps=4, checkpoint_interval_steps=2, checkpoint_max_failed_writes=0
+    )
+    with pytest.raises(CheckpointNotDurable, match="1 shared checkpoint writes failed in a row"):
+        _one_process(cfg)
+
+
+def test_one_process_resumes_from_its_sharded_checkpoint(tmp_path: Path) -> None:
+    """``etj-train train --parallelism FSDP`` alone: the same DCP checkpoints, resumed where they stopped."""
+    whole = _one_process(_cfg(tmp_path / "a", "FSDP", max_steps=4))
+    whole.finish()
+    first = _one_process(_cfg(tmp_path / "b", "FSDP", max_steps=2))
+    first.finish()
+    resumed = _one_process(_cfg(tmp_path / "b", "FSDP", max_steps=4))
+    resumed.finish()
+    assert resumed.steps_done == 4 and [s for s, _ in sharded.list_sharded(tmp_path / "b")] == [4, 2]
+    a = {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in _net().state_dict().items()}
+    b = {k: v.clone() for k, v in a.items()}
+    sharded.load(tmp_path / "a" / "dcp-000000004", {"model": a})
+    sharded.load(tmp_path / "b" / "dcp-000000004", {"model": b})
+    _close(a, b, rtol=0)

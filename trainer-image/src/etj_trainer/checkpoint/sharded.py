@@ -141,24 +141,36 @@ def save(
     directory: Path, step: int, tensors: dict[str, Any], rest: dict[str, Any], rank: int, keep: int
 ) -> Path:
     """Every rank of the world (a collective): ``tensors`` (DTensor state dicts) with DCP, ``rest`` by
-    rank 0 in store.py's verified format, renamed into place once complete; the newest ``keep`` stay."""
+    rank 0 in store.py's verified format, renamed into place once complete; the newest ``keep`` stay.
+    ``ShardedCheckpointFailed`` on every rank when the shards were not written; on rank 0 alone when
+    only its last part (the rest, the rename) failed."""
     on = dist.is_available() and dist.is_initialized()
     final = directory / directory_name(step)
     tmp = directory / f".{final.name}.tmp"
+    error = ""
     if rank == 0:  # a write that died half way left this: start clean
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError as e:
+            error = f": {e}"
+    failed = torch.tensor([1.0 if error else 0.0])
     if on:
-        dist.barrier()  # no rank writes into tmp before it exists (and is empty)
+        # a barrier that says whether rank 0 could prepare: no rank writes into tmp before it exists, and
+        # none goes into DCP's collectives (to wait there for rank 0) when it could not
+        dist.all_reduce(failed)
+    if failed.item():
+        raise ShardedCheckpointFailed(f"saving {final}: rank 0 could not prepare {tmp}{error}")
     try:
         dcp.save(tensors, storage_writer=FileSystemWriter(tmp, sync_files=True), no_dist=not on)
-    except CheckpointException as e:
+        if rank == 0:
+            write_atomic(tmp / STATE_FILE, encode(rest))
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+            _fsync_dir(directory)
+    except (CheckpointException, OSError) as e:
         raise ShardedCheckpointFailed(f"saving {final}: {e}") from e
     if rank == 0:
-        write_atomic(tmp / STATE_FILE, encode(rest))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        _fsync_dir(directory)
         for _, old in list_sharded(directory)[keep:]:
             shutil.rmtree(old, ignore_errors=True)
     return final

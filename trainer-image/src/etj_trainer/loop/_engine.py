@@ -189,9 +189,8 @@ class Engine:
             # collectives would interleave with the steps'. No node-local copy: a node holds its shards only.
             shared_due = cfg.checkpoint_interval_steps > 0 and step % cfg.checkpoint_interval_steps == 0
             if stop_now or shared_due:
-                self._save(shared=True)
-            return
-        if leaving:
+                self.sharded.save(self.state, w, self.writer, must=stop_now)
+        elif leaving:
             self._save(shared=True)
         elif not stop_now:
             shared_due = cfg.checkpoint_interval_steps > 0 and step % cfg.checkpoint_interval_steps == 0
@@ -283,9 +282,7 @@ class Engine:
         # rank 0 its node-local copy (which is what survivors restore from).
         w = self.world
         if self.sharded is not None:
-            written = self.sharded.save(self.state, w)
-            if written is not None and shared:
-                self.state.meta["last_checkpoint"] = written
+            self.sharded.save(self.state, w, self.writer, must=True)
             return
         if w.local_rank != 0 and w.rank != 0:
             return

@@ -14,6 +14,7 @@ resizes through the restart path only (loop/_engine.py): its state moves through
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,9 +28,12 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from etj_trainer.checkpoint import sharded
+from etj_trainer.checkpoint.store import StateWriter
 from etj_trainer.config import Parallelism, TrainConfig
 from etj_trainer.core.world import World
 from etj_trainer.loop._state import TrainState
+
+log = logging.getLogger(__name__)
 
 WrapPolicy = Callable[[nn.Module], bool] | tuple[type[nn.Module], ...] | None
 
@@ -93,8 +97,23 @@ class ShardedCheckpoints:
         self.directory: Path | None = cfg.checkpoint_dir or cfg.local_checkpoint_dir
         self.keep = cfg.checkpoint_keep
 
-    def save(self, state: TrainState, world: World) -> dict[str, Any] | None:
-        """Write the state of ``state.steps_done`` (every rank); returns where, for status.lastCheckpoint."""
+    def save(self, state: TrainState, world: World, writer: StateWriter, must: bool) -> None:
+        """Write the state of ``state.steps_done`` (every rank). The outcome goes where the DDP writes'
+        go (``writer``'s durable write or failure count: status.lastCheckpoint, CheckpointDurable and
+        checkpoint.maxFailedWrites); a failure is raised only when ``must`` (a stop, the end), as DDP's
+        synchronous writes are -- an interval's failure is counted, and training goes on."""
+        try:
+            written = self._write(state, world)
+        except sharded.ShardedCheckpointFailed as e:
+            writer.failed_writes, writer.shared_error = writer.failed_writes + 1, str(e)
+            if must:
+                raise
+            log.warning("sharded checkpoint of step %d not written: %s", state.steps_done, e)
+            return
+        if written is not None:
+            writer.durable, writer.failed_writes, writer.shared_error = written, 0, None
+
+    def _write(self, state: TrainState, world: World) -> dict[str, Any] | None:
         if self.directory is None:
             return None
         assert state.module is not None and state.optimizer is not None
