@@ -424,6 +424,20 @@ CASES: list[Case] = [
         "spec.checkpoint",
         "set checkpoint.pvc or checkpoint.uri, not both",
     ),
+    # a sharded job's DCP checkpoint is every rank's files on one volume: the object store takes DDP's only
+    Case(
+        "sharded-checkpoint-to-an-object-store",
+        _both(_set("spec.training.parallelism", "FSDP"), _set("spec.checkpoint", {"uri": "s3://bucket/job"})),
+        "spec.checkpoint.uri",
+        "checkpoints to a volume every worker mounts",
+        pydantic_why="checkpoints to a volume every worker mounts",
+    ),
+    Case(
+        "a-shard-group-without-hsdp",
+        _both(_set("spec.training.parallelism", "FSDP"), _set("spec.training.shardGroupSize", 2)),
+        "spec.training.shardGroupSize",
+        "training.shardGroupSize (ranks per shard group) is for training.parallelism HSDP only",
+    ),
     Case(
         "checkpoint-relative-path",
         _set("spec.checkpoint", {"path": "ckpt"}),

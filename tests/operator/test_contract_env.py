@@ -17,6 +17,8 @@ from etj_trainer.config import TrainConfig
 from tests.operator.factories import job
 
 SAMPLE = {int: "7", float: "0.5", str: "DynamicSGD", Path: "/p", etj_env.truthy: "true"}
+# A variable that means something only beside another: the shard-group size is HSDP's.
+COMPANION = {etj_env.SHARD_GROUP_SIZE.name: (etj_env.PARALLELISM, "HSDP")}
 
 
 def _sample(var: etj_env.Var[Any]) -> tuple[str, Any]:
@@ -47,7 +49,11 @@ def test_the_operator_sets_exactly_the_reserved_variables_in_the_contracts_order
 @pytest.mark.parametrize("var", etj_env.CONFIG_FIELDS, ids=lambda v: v.name)
 def test_every_config_variable_reaches_its_train_config_field(var: etj_env.Var[Any]) -> None:
     raw, value = _sample(var)
-    assert getattr(TrainConfig.from_env({var.name: raw}), str(var.field)) == value
+    env = {var.name: raw}
+    if var.name in COMPANION:
+        other, other_raw = COMPANION[var.name]
+        env[other.name] = other_raw
+    assert getattr(TrainConfig.from_env(env), str(var.field)) == value
 
 
 @pytest.mark.parametrize("var", etj_env.TRAIN_FLAGS, ids=lambda v: v.name)
@@ -55,7 +61,11 @@ def test_every_train_flag_reaches_its_field_through_the_environment(var: etj_env
     raw, value = _sample(var)
     parser = argparse.ArgumentParser()
     cli._add_train_flags(parser)
-    ns = parser.parse_args(["--" + str(var.field).replace("_", "-"), raw])
+    args = ["--" + str(var.field).replace("_", "-"), raw]
+    if var.name in COMPANION:
+        other, other_raw = COMPANION[var.name]
+        args += ["--" + str(other.field).replace("_", "-"), other_raw]
+    ns = parser.parse_args(args)
     assert getattr(TrainConfig.from_env(cli._train_env(ns)), str(var.field)) == value
 
 

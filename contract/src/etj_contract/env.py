@@ -262,6 +262,26 @@ PRECISION = _var(
     flag=True,
     set_by=OP,
 )
+# The data-parallel strategy (spec.training.parallelism): how the model and its optimizer state are laid
+# out over the ranks. The trainer shards with FSDP2 (HSDP: replicated groups of SHARD_GROUP_SIZE shards).
+PARALLELISMS = ("DDP", "FSDP", "HSDP")
+PARALLELISM = _var(
+    "PARALLELISM",
+    Choice(PARALLELISMS),
+    "DDP (a full replica per rank), FSDP (parameters, gradients and optimizer state sharded over every "
+    "rank) or HSDP (sharded within groups of SHARD_GROUP_SIZE ranks, replicated across them)",
+    field="parallelism",
+    flag=True,
+    set_by=OP,
+)
+SHARD_GROUP_SIZE = _var(
+    "SHARD_GROUP_SIZE",
+    int,
+    "HSDP: ranks per shard group (the world size must be a multiple of it; 0: a pod's ranks)",
+    field="shard_group_size",
+    flag=True,
+    set_by=OP,
+)
 AUGMENT = _var(
     "AUGMENT", Choice(("none", "standard")), "standard: crop + flip", field="augment", flag=True, set_by=OP
 )

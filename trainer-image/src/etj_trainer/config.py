@@ -16,6 +16,16 @@ from etj_trainer.batching.schedule import LrSchedule, ScheduleType
 from etj_trainer.data.augment import Augmentation
 
 E = TypeVar("E", bound=StrEnum)
+
+
+class Parallelism(StrEnum):
+    """How the model and its optimizer state are laid out over the ranks (spec.training.parallelism)."""
+
+    DDP = "DDP"  # a full replica on every rank (the default)
+    FSDP = "FSDP"  # FSDP2: parameters, gradients and optimizer state sharded over every rank
+    HSDP = "HSDP"  # FSDP2 on a 2-D mesh: sharded within groups of shard_group_size, replicated across
+
+
 DEFAULT_MICRO_BATCH = 64  # micro_batch_size when unset (0), capped at the global batch
 # The counts a config must hold, with their least value (the CRD's bounds, etj_operator/api/models.py):
 # a 0 or negative size used to fail deep in the sampler, after the process group and the restore.
@@ -29,6 +39,7 @@ AT_LEAST = {
     "checkpoint_interval_steps": 0,
     "checkpoint_max_failed_writes": 0,
     "checkpoint_store_timeout_s": 0,
+    "shard_group_size": 0,
 }
 
 
@@ -45,6 +56,8 @@ class TrainConfig:
     # the global batch); one given larger than the global batch is refused, as the CRD does
     micro_batch_size: int = 0
     resize_policy: ResizePolicy = ResizePolicy.FIXED_GLOBAL_BATCH
+    parallelism: Parallelism = Parallelism.DDP
+    shard_group_size: int = 0  # HSDP: ranks per shard group (0: unset)
     dsgd_ramp_steps: int = 100
     min_workers: int = 1  # pods (replicas.min); batches and the regroup minimum count ranks: min_ranks
     max_workers: int = 1
@@ -109,6 +122,7 @@ class TrainConfig:
         self.resize_policy = _one_of("resize_policy", ResizePolicy, self.resize_policy)
         self.lr_schedule = _one_of("lr_schedule", ScheduleType, self.lr_schedule)
         self.augment = _one_of("augment", Augmentation, self.augment)
+        self.parallelism = _one_of("parallelism", Parallelism, self.parallelism)
         if self.precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision={self.precision!r} is not one of fp32, bf16, fp16")
         if self.micro_batch_size == 0:
@@ -121,6 +135,34 @@ class TrainConfig:
                 f"micro_batch_size={self.micro_batch_size} must not be greater than "
                 f"global_batch_size={self.global_batch_size}"
             )
+        self._check_sharding()
+
+    def _check_sharding(self) -> None:
+        """Only HSDP takes a shard-group size (unset: a pod's ranks, ``shard_group``). A sharded state is
+        written with torch.distributed.checkpoint to a file system every rank shares (checkpoint_dir); the
+        object-store copy does not take it yet (docs/trainer.md, "Sharded models"): refused, not ignored."""
+        if self.parallelism != Parallelism.HSDP and self.shard_group_size:
+            raise ValueError(
+                f"shard_group_size={self.shard_group_size} is for parallelism='HSDP', "
+                f"not {self.parallelism.value!r}"
+            )
+        if self.parallelism != Parallelism.DDP and self.checkpoint_uri:
+            raise ValueError(
+                f"parallelism={self.parallelism.value!r} checkpoints with torch.distributed.checkpoint to "
+                "checkpoint_dir (a volume every rank shares); checkpoint_uri (s3://) takes DDP "
+                "checkpoints only for now"
+            )
+
+    @property
+    def shard_group(self) -> int:
+        """HSDP's ranks per shard group: as set, else a pod's ranks (shards within a node's fast links,
+        replicas across nodes)."""
+        return self.shard_group_size or self.procs_per_worker
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP or HSDP: the state is sharded over the ranks (DCP checkpoints, no in-place resize)."""
+        return self.parallelism != Parallelism.DDP
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> TrainConfig:

@@ -42,6 +42,10 @@ What etj guarantees for such a loop (the built-in trainer, ``classifier/trainer.
   boundary and get the state from rank 0; when a peer dies mid-step, the survivors re-form without it and
   redo the step. Whatever cannot be done in place restarts the processes, which resume from the newest
   copy.
+* **Sharded models** (``parallelism`` FSDP or HSDP, loop/_sharding.py): ``setup_model`` shards the module
+  with FSDP2 (``shard=``: the submodules that are units of their own; ``mixed_precision=``), the steps
+  accumulate with one reduction each, checkpoints are DCP directories that load resharded at any world
+  size (checkpoint/sharded.py), and every resize takes the restart path from the newest of them.
 * **Progress** to the operator (step, loss, rate, batch, LR, resizes, checkpoints) from rank 0.
 
 The step's commit point is its last collective (the loss and every rank's stop code), *before* the
@@ -66,7 +70,7 @@ is (core/world.py).
 from __future__ import annotations
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
-from etj_trainer.config import ConfigIgnored, ConfigOverridden, TrainConfig
+from etj_trainer.config import ConfigIgnored, ConfigOverridden, Parallelism, TrainConfig
 from etj_trainer.core.world import StopFlag
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop.job import Job, last_job
@@ -83,6 +87,7 @@ __all__ = [
     "Loader",
     "Membership",
     "Micro",
+    "Parallelism",
     "Reduction",
     "Step",
     "StopFlag",

@@ -52,9 +52,11 @@ from etj_operator.api.recipe import (
     AugmentationType,
     LrScheduleSpec,
     OptimizerSpec,
+    Parallelism,
     Precision,
     ScheduleType,
     epoch_checks,
+    parallelism_checks,
 )
 from etj_operator.api.schedule import (
     CostStatus,
@@ -150,13 +152,15 @@ _FIXED_TRAINING = (
     "optimizer",
     "lrSchedule",
     "augmentation",
+    "parallelism",
+    "shardGroupSize",
 )
 
 
 class TrainingSpec(CheckedModel):
     """Batch sizes, resize policy, length and recipe (optimizer, LR schedule, precision, augmentation)."""
 
-    checks = epoch_checks()
+    checks = epoch_checks() + parallelism_checks()
 
     model_config = {
         "json_schema_extra": rules(
@@ -167,9 +171,9 @@ class TrainingSpec(CheckedModel):
             ),
             cel(
                 " && ".join(unchanged(f) for f in _FIXED_TRAINING),
-                "training.epochs, seed, microBatchSize, precision, optimizer, lrSchedule, augmentation and "
-                "dynamicSGD are immutable: a change would reach only the workers started after it and mix "
-                "two settings in one job; create a new job to change them",
+                "training.epochs, seed, microBatchSize, precision, optimizer, lrSchedule, augmentation, "
+                "parallelism, shardGroupSize and dynamicSGD are immutable: a change would reach only the "
+                "workers started after it and mix two settings in one job; create a new job to change them",
             ),
         )
     }
@@ -215,6 +219,22 @@ class TrainingSpec(CheckedModel):
         description="fp32, bf16 or fp16: autocast, fp16 with a checkpointed gradient scaler (ETJ_PRECISION).",
     )
     augmentation: AugmentationSpec = section(AugmentationSpec, "Training-image augmentation.")
+    parallelism: Parallelism = Field(
+        default=Parallelism.DDP,
+        description="DDP: a full replica of the model and optimizer on every rank. FSDP: parameters, "
+        "gradients and optimizer state sharded over all ranks (FSDP2), checkpointed with "
+        "torch.distributed.checkpoint and resharded on load at any size; resizes restart the world "
+        "from the newest checkpoint. HSDP: sharded within groups of shardGroupSize ranks, replicated "
+        "across them. Sharded jobs need checkpoint.pvc (ETJ_PARALLELISM). Immutable.",
+    )
+    shard_group_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 16,
+        description="HSDP only: ranks per shard group (default: trainer.procsPerWorker, so a pod holds "
+        "one sharded copy and pods replicate it); the world size must be a multiple of it "
+        "(ETJ_SHARD_GROUP_SIZE).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TrainingSpec:
@@ -407,6 +427,11 @@ DSGD_BATCH_NOT_MULTIPLE = (
     "with DynamicSGD, training.globalBatchSize is the batch at replicas.min and must be a multiple of the "
     "training processes there (replicas.min x trainer.procsPerWorker)"
 )
+# DCP writes every rank's shards to one file system; the object-store writer takes whole DDP files only.
+SHARDED_NEEDS_VOLUME = (
+    "training.parallelism FSDP or HSDP checkpoints to a volume every worker mounts (checkpoint.pvc), "
+    "not to checkpoint.uri"
+)
 
 
 class ElasticTrainingJobSpec(ApiModel):
@@ -426,6 +451,12 @@ class ElasticTrainingJobSpec(ApiModel):
                 f"self.training.globalBatchSize % (self.replicas.min * {_PROCS_CEL}) == 0",
                 DSGD_BATCH_NOT_MULTIPLE,
                 field_path=".training.globalBatchSize",
+            ),
+            cel(
+                "!has(self.training.parallelism) || self.training.parallelism == 'DDP' || "
+                "!has(self.checkpoint) || !has(self.checkpoint.uri)",
+                SHARDED_NEEDS_VOLUME,
+                field_path=".checkpoint.uri",
             ),
         )
     }
@@ -471,6 +502,8 @@ class ElasticTrainingJobSpec(ApiModel):
                 raise ValueError(f"{DSGD_BATCH_NOT_MULTIPLE} ({batch} is not a multiple of {self.min_ranks})")
         elif batch < self.max_ranks:
             raise ValueError(f"{FIXED_BATCH_TOO_SMALL} ({batch} < {self.max_ranks})")
+        if self.training.parallelism != Parallelism.DDP and self.checkpoint.uri:
+            raise ValueError(SHARDED_NEEDS_VOLUME)
         return self
 
     @property
@@ -546,6 +579,7 @@ __all__ = [
     "LrScheduleSpec",
     "OptimizerSpec",
     "PVCRef",
+    "Parallelism",
     "Phase",
     "Placement",
     "Precision",

@@ -34,6 +34,14 @@ class Precision(StrEnum):
     FP16 = "fp16"
 
 
+class Parallelism(StrEnum):
+    """How the model and its optimizer state are laid out over the ranks (the trainer's FSDP2)."""
+
+    DDP = "DDP"
+    FSDP = "FSDP"
+    HSDP = "HSDP"
+
+
 class AugmentationType(StrEnum):
     """Training-image augmentation."""
 
@@ -172,5 +180,17 @@ def epoch_checks() -> tuple[Check, ...]:
             "training.lrSchedule.milestones must each be less than training.epochs",
             lambda t: all(m < t.epochs for m in t.lr_schedule.milestones),
             field_path=".lrSchedule.milestones",
+        ),
+    )
+
+
+def parallelism_checks() -> tuple[Check, ...]:
+    """``training.shardGroupSize`` is HSDP's (unset there: a pod's ranks)."""
+    return (
+        Check(
+            "!has(self.shardGroupSize) || (has(self.parallelism) && self.parallelism == 'HSDP')",
+            "training.shardGroupSize (ranks per shard group) is for training.parallelism HSDP only",
+            lambda t: t.shard_group_size is None or t.parallelism == Parallelism.HSDP,
+            field_path=".shardGroupSize",
         ),
     )

@@ -107,7 +107,8 @@ def train(cfg: TrainConfig, stop: StopFlag | None = None) -> TrainResult:
             step.optimizer_step()
         loader.close()
         accuracy = None
-        if not job.stopped_early and cfg.val_data and job.world.rank == 0:
+        # A sharded model's forward gathers its parameters from every rank: all of them evaluate then
+        if not job.stopped_early and cfg.val_data and (job.world.rank == 0 or cfg.sharded):
             val = open_source(
                 cfg.val_data,
                 "val",

@@ -32,6 +32,7 @@ from etj_trainer.core import devices
 from etj_trainer.core.progress import ProgressReporter
 from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.world import StopFlag, World, incarnation, installed
+from etj_trainer.loop._sharding import ShardedCheckpoints
 from etj_trainer.loop._state import TrainState
 from etj_trainer.loop.loader import Loader
 from etj_trainer.loop.report import Report, progress
@@ -72,6 +73,8 @@ class Engine:
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank, before any restore
         self.ckpts = CheckpointStore.for_config(cfg)
         self.writer = StateWriter(self.ckpts, cfg.local_snapshot_interval_s)
+        # FSDP/HSDP: the state is sharded; its checkpoints are DCP's, written by every rank (_sharding.py)
+        self.sharded = ShardedCheckpoints(cfg) if cfg.sharded else None
         self.model: ElasticModule | None = None  # the wrapper of state.module that training calls
         self.loaders: list[Loader[Any]] = []  # closed with the job (their streams, DataLoader workers)
         self.membership: Membership | None = None
@@ -159,12 +162,17 @@ class Engine:
 
     def _decide(self, codes: list[int]) -> regroup.Regroup | None:
         """Who stops after this step; returns where this rank regroups to (None: it stops)."""
-        w = self.world
+        w, cfg = self.world, self.config
         decision = regroup.decide(
             codes,
-            self.config.min_ranks,
-            w.dist_on and regroup.enabled_from_env(),
+            cfg.min_ranks,
+            w.dist_on and regroup.enabled_from_env() and not cfg.sharded,
             procs_per_node=w.local_size,
+            # Refused clearly, not attempted: the in-place paths move whole replicas (issue 41 item 2)
+            disabled=f"parallelism {cfg.parallelism.value}: a sharded state resizes through the restart "
+            "path, from the newest checkpoint resharded onto the new world"
+            if cfg.sharded
+            else None,
         )
         self.survivors_go_on = decision.in_process
         if w.rank == 0:
@@ -176,7 +184,13 @@ class Engine:
         # state in memory, so they skip it and go on at once. Otherwise in the background: the shared copy
         # on its interval, the node-local one every local_snapshot_interval_s.
         w, cfg, step = self.world, self.config, self.state.steps_done
-        if leaving:
+        if self.sharded is not None:
+            # Every rank takes part (DCP is a collective) and synchronously: a background thread's
+            # collectives would interleave with the steps'. No node-local copy: a node holds its shards only.
+            shared_due = cfg.checkpoint_interval_steps > 0 and step % cfg.checkpoint_interval_steps == 0
+            if stop_now or shared_due:
+                self.sharded.save(self.state, w, self.writer, must=stop_now)
+        elif leaving:
             self._save(shared=True)
         elif not stop_now:
             shared_due = cfg.checkpoint_interval_steps > 0 and step % cfg.checkpoint_interval_steps == 0
@@ -241,6 +255,10 @@ class Engine:
         self._close_loaders()
         if self._current is not None and not self._current.committed:
             self._current.roll_back()
+        if self.sharded is not None:
+            # a sharded copy takes every rank, and a peer just failed: the restart resumes from the newest
+            # checkpoint (at most checkpoint_interval_steps old)
+            return
         if self.world.local_rank != 0 or self.membership is None:
             return
         try:
@@ -263,6 +281,9 @@ class Engine:
         # Every rank holds the same state after a step; rank 0 writes the shared copy, each node's local
         # rank 0 its node-local copy (which is what survivors restore from).
         w = self.world
+        if self.sharded is not None:
+            self.sharded.save(self.state, w, self.writer, must=True)
+            return
         if w.local_rank != 0 and w.rank != 0:
             return
         local = w.local_rank == 0
@@ -270,6 +291,8 @@ class Engine:
 
     def _restore(self) -> int | None:
         """Load the world's newest checkpoint (every rank offers its own); returns the rank it came from."""
+        if self.sharded is not None:  # one shared directory, resharded onto this world
+            return None if self.sharded.restore(self.state, self.world) is None else 0
         state, src = agree_on_checkpoint(self.ckpts, self.world.rank, self.world.size)
         if state is None:
             return None
@@ -313,7 +336,9 @@ class Engine:
         w, cfg = self.world, self.config
         assert self.model is not None
         ddp = None
-        if w.dist_on:
+        if w.dist_on and self.config.sharded:
+            ddp = self.model.module  # sharded in place by setup_model: FSDP2 has no wrapper
+        elif w.dist_on:
             ddp = nn.parallel.DistributedDataParallel(
                 self.model.module,
                 device_ids=[w.local_rank] if w.device.type == "cuda" else None,
@@ -331,7 +356,8 @@ class Engine:
             # ramps from the multiplier in force to this world's
             self.state.optimizer.set_target(plan.lr_target)
         inc = self.incarnation = incarnation(w.dist_on)
-        self.inplace.enter(w, inc)  # heartbeat under this membership's id; rank 0 opens the join door
+        # heartbeat under this membership's id; rank 0 opens the join door (not for a sharded state)
+        self.inplace.enter(w, inc, allowed=not cfg.sharded)
         samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
         self.model.train()
         m = self.membership = Membership(w, plan, inc, cfg, self.state, ddp, samples_log)

@@ -78,9 +78,16 @@ class TrainState:
     def state_dict(self, world_size: int) -> dict[str, Any]:
         """What a checkpoint holds (references to the live tensors: copy before training goes on)."""
         assert self.module is not None and self.optimizer is not None
-        state: dict[str, Any] = {
+        return {
             "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            **self.rest_state(world_size),
+        }
+
+    def rest_state(self, world_size: int) -> dict[str, Any]:
+        """All of the state but the model's and the optimizer's tensors: the same on every rank, so a
+        sharded checkpoint (loop/_sharding.py) writes it once beside the shards."""
+        state: dict[str, Any] = {
             "sampler": self.sampler.state_dict(),
             "step": self.steps_done,
             "rng": capture_rng(),
@@ -96,6 +103,10 @@ class TrainState:
         assert self.module is not None and self.optimizer is not None
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.load_rest(state)
+
+    def load_rest(self, state: dict[str, Any]) -> None:
+        """``rest_state``'s part of a checkpoint into the registered objects."""
         if self.scaler is not None and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
         for k, v in self.extra.items():

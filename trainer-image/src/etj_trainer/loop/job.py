@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.utils.data import Dataset
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
@@ -23,6 +24,7 @@ from etj_trainer.config import ConfigIgnored, TrainConfig, config_for_job, ignor
 from etj_trainer.core.world import StopFlag, World
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop._engine import Engine
+from etj_trainer.loop._sharding import WrapPolicy, shard_model
 from etj_trainer.loop._state import RESERVED, Stateful
 from etj_trainer.loop.loader import Loader, make_loader
 from etj_trainer.loop.step import ElasticModule, Step, lr_of
@@ -98,12 +100,25 @@ class Job:
 
     # ---- registering state ---------------------------------------------------------------------------
 
-    def setup_model(self, module: nn.Module) -> ElasticModule:
-        """Move ``module`` to the job's device; returns the module to train with (and checkpoint)."""
+    def setup_model(
+        self,
+        module: nn.Module,
+        *,
+        shard: WrapPolicy = None,
+        mixed_precision: MixedPrecisionPolicy | None = None,
+    ) -> ElasticModule:
+        """Move ``module`` to the job's device; returns the module to train with (and checkpoint). Call it
+        before building the optimizer: under ``parallelism`` FSDP/HSDP the module is sharded here, in
+        place (FSDP2's ``fully_shard``), and the optimizer must hold the sharded parameters.
+
+        ``shard``: which submodules are sharded units of their own besides the root -- module types (e.g.
+        ``(Block,)``) or a predicate; ``mixed_precision``: FSDP2's ``MixedPrecisionPolicy`` (e.g. bf16
+        parameters in the forward, fp32 gradient reduction). Both are ignored under DDP."""
         engine = self._engine
         module = module.to(self.device)
         if self.config.sync_batchnorm and engine.world.dist_on:
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        module = shard_model(module, self.config, engine.world, shard, mixed_precision)
         engine.model = ElasticModule(module, engine)
         engine.state.module = module
         return engine.model

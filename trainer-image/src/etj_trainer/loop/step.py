@@ -22,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.batching.plan import BatchPlan, micro_slices
@@ -199,7 +200,7 @@ class Step:
                 return  # the rest of a lost step is not run
             last = i == len(self._slices) - 1
             self._micro_samples, self._micro = len(ids), i
-            with ddp.no_sync() if ddp is not None and not last else contextlib.nullcontext():  # type: ignore[operator]
+            with _gradient_sync(ddp, last):
                 yield Micro(self.epoch, ids)
         self._micro_samples = None
 
@@ -319,6 +320,18 @@ class Step:
 
 
 _MIXED = "a step's micro-batches are weighted all by backward(count=...) or all by their samples, not both"
+
+
+def _gradient_sync(wrapper: nn.Module | None, last: bool) -> AbstractContextManager[Any]:
+    """Accumulation: the gradients are reduced in the last micro-batch's backward only. DDP's
+    ``no_sync()`` for the others; FSDP2 has none, its module's flag says whether a backward reduces (set for
+    every micro-batch, so a step never inherits the last one's setting)."""
+    if isinstance(wrapper, FSDPModule):
+        wrapper.set_requires_gradient_sync(last)
+        return contextlib.nullcontext()
+    if wrapper is not None and not last:
+        return wrapper.no_sync()  # type: ignore[operator, no-any-return]
+    return contextlib.nullcontext()
 
 
 def _world_total(count: int, world: World, guard: Callable[[], AbstractContextManager[None]]) -> int:

@@ -69,10 +69,13 @@ class InPlace:
     last_failed_step: int | None = None  # the committed step at the last in-place crash recovery
     states_agree: bool = False  # every rank of the new membership holds the same state (in-process resize)
 
-    def enter(self, world: World, incarnation: float) -> None:
-        """A membership starts: beat under its id; rank 0 opens the join door (once per process)."""
+    def enter(self, world: World, incarnation: float, allowed: bool = True) -> None:
+        """A membership starts: beat under its id; rank 0 opens the join door (once per process).
+        ``allowed`` False (a sharded state): no heartbeat and no door, so a crash and a joiner take the
+        restart path."""
         if self.watch is None:
-            self.watch = recover.watch(world.dist_on and regroup.enabled_from_env(), incarnation, world.rank)
+            enabled = allowed and world.dist_on and regroup.enabled_from_env()
+            self.watch = recover.watch(enabled, incarnation, world.rank)
         else:
             self.watch.enter(f"{incarnation:.6f}", world.rank)
         if world.rank == 0 and self.watch is not None and self.door is None:

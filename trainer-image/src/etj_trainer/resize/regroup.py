@@ -61,15 +61,19 @@ def whole_nodes(codes: list[int], procs_per_node: int) -> list[int]:
     ]
 
 
-def decide(codes: list[int], min_ranks: int, enabled: bool, procs_per_node: int = 1) -> Regroup:
+def decide(
+    codes: list[int], min_ranks: int, enabled: bool, procs_per_node: int = 1, disabled: str | None = None
+) -> Regroup:
     """What the world does after a step in which some ranks asked to stop (``codes[r]`` per old rank).
 
-    ``min_ranks`` is the job's minimum in ranks (replicas.min x processes per pod).
+    ``min_ranks`` is the job's minimum in ranks (replicas.min x processes per pod); ``disabled``: why
+    in-process resizes are off, when it is not the default reason (no agent or external store).
     """
     codes = whole_nodes(codes, procs_per_node)
     survivors = tuple(r for r, c in enumerate(codes) if c in (StopCode.RUN, StopCode.ADMIT))
     if not enabled:
-        return Regroup(survivors, False, "in-process resize disabled (no etj agent or external store)")
+        why = disabled or "no etj agent or external store"
+        return Regroup(survivors, False, f"in-process resize disabled ({why})")
     if any(c == StopCode.RESTARTING for c in codes):
         return Regroup(survivors, False, "an agent is restarting its workers (a node is joining)")
     if not survivors:

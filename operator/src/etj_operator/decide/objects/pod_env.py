@@ -61,6 +61,8 @@ def recipe_env(training: TrainingSpec) -> dict[etj_env.Var[Any], object]:
         etj_env.MIN_CROP_SCALE: aug.min_crop_scale,
         etj_env.AUGMENT_FLIP: str(aug.horizontal_flip).lower(),
         etj_env.VAL_RESIZE: aug.validation_resize or 0,  # 0: the training image size
+        etj_env.PARALLELISM: training.parallelism.value,
+        etj_env.SHARD_GROUP_SIZE: training.shard_group_size or 0,  # 0: unset (not HSDP)
     }
 
 
