@@ -157,11 +157,8 @@ def _build(progress: toolchain.Progress) -> None:
         # The wrapper's go.sum needs Kueue's own hashes besides its dependencies'.
         toolchain.run_checked(["go", "mod", "download", KUEUE_MODULE], work, env, "go mod download")
         # `go build -v` names each package it compiles, the standard library's included.
-        total = sum(
-            1
-            for line in toolchain.run_checked(["go", "list", "-deps", "."], work, env, "go list").splitlines()
-            if line.strip()
-        )
+        listed = toolchain.run_checked(["go", "list", "-deps", "."], work, env, "go list")
+        total = sum(1 for line in listed.splitlines() if line.strip())
         out = work / "out"
         out.mkdir()
         cmd = ["go", "build", "-v", "-trimpath", f"-ldflags={_ldflags()}", "-o", str(out / "kueue"), "."]
@@ -180,15 +177,21 @@ def _build(progress: toolchain.Progress) -> None:
             shutil.rmtree(target)
         (target / "bin").mkdir(parents=True)
         (out / "kueue").rename(target / "bin" / "kueue")
-        for rel in MODULE_FILES:
-            src, dest = source / rel, target / "module" / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if src.is_dir():
-                shutil.copytree(src, dest)
-            else:
-                shutil.copy(src, dest)
-        for copied in (target / "module").rglob("*"):  # the module cache is read-only; the copy need not be
-            copied.chmod(0o755 if copied.is_dir() else 0o644)
+        _copy_module_files(source, target / "module")
         shutil.copy(work / "go.mod", target / "go.mod")
         (target / "complete").write_text(f"built in {time.monotonic() - started:.0f}s\n")
     progress(f"etj: Kueue {KUEUE_VERSION} built in {time.monotonic() - started:.0f}s into {target}")
+
+
+def _copy_module_files(source: Path, dest_root: Path) -> None:
+    """What running Kueue needs from its module (CRDs, webhooks, sample config), so a cleaned module cache
+    does not break a built bed."""
+    for rel in MODULE_FILES:
+        src, dest = source / rel, dest_root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest)
+        else:
+            shutil.copy(src, dest)
+    for copied in dest_root.rglob("*"):  # the module cache is read-only; the copy need not be
+        copied.chmod(0o755 if copied.is_dir() else 0o644)
