@@ -180,6 +180,16 @@ def test_cuda_base_matches_the_torch_wheels_cuda() -> None:
     assert args_of(TRAINER_CPU)["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
 
 
+def test_the_cuda_image_drops_headers_and_static_libraries_in_the_layer_that_installs_them() -> None:
+    """A cleanup in a later layer only hides files: the image keeps their bytes. The running image's
+    contents are checked on kind (tests/kind/test_images.py)."""
+    (install,) = [
+        i.value for i in parse(TRAINER) if i.keyword == "RUN" and "pip install --index-url" in i.value
+    ]
+    assert "-name include -prune -exec rm -rf" in install and "-name '*.a' -delete" in install, install
+    assert install.index("pip install") < install.index("-name include"), install
+
+
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 

@@ -82,6 +82,16 @@ def test_the_operator_image_runs_as_its_user_on_a_read_only_root(kind: KindBed) 
     assert out.stdout.split() == ["etj", "/tmp"], out.stdout
 
 
+# Headers and static libraries under site-packages/nvidia, and whether a C compiler is on PATH.
+LEFT_FOR_A_COMPILER = (
+    "import os, shutil, sysconfig; root = os.path.join(sysconfig.get_paths()['purelib'], 'nvidia'); "
+    "walk = list(os.walk(root)); "
+    "print(sum(os.path.basename(d) == 'include' for d, _, _ in walk), "
+    "sum(f.endswith('.a') for _, _, fs in walk for f in fs), "
+    "any(shutil.which(c) for c in ('nvcc', 'gcc', 'cc')))"
+)
+
+
 @pytest.mark.slow
 @pytest.mark.kind_full
 def test_the_cuda_trainer_image_builds_and_imports_its_stack(kind: KindBed) -> None:
@@ -102,6 +112,10 @@ def test_the_cuda_trainer_image_builds_and_imports_its_stack(kind: KindBed) -> N
     user, home, torch_version, cuda = out.stdout.split()
     # No GPU here: the CUDA build of torch imports and reports none.
     assert (user, home, cuda) == ("etj", "/tmp", "False") and torch_version.startswith("2."), out.stdout
+    # Trimmed (trainer-image/Dockerfile): no C headers or static libraries of the CUDA wheels, which only a
+    # compiler would read and the image has none.
+    left = docker_run(CUDA_IMAGE, "python", "-c", LEFT_FOR_A_COMPILER, user="1000:1000")
+    assert left.returncode == 0 and left.stdout.split() == ["0", "0", "False"], (left.stdout, left.stderr)
     help_ = docker_run(CUDA_IMAGE, "etj-train", "--help", user="1000:1000")
     assert help_.returncode == 0 and "worker" in help_.stdout, help_.stderr
     size = subprocess.run([*inspect, "-f", "{{.Size}}"], capture_output=True, text=True, check=True).stdout
