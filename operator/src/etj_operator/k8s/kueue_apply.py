@@ -1,0 +1,40 @@
+"""A plan's Kueue Workloads applied (docs/kueue.md): deletes first (a preempted seat's quota goes back to
+Kueue once its worker is gone), then creates. Both are idempotent: names are deterministic, so a Workload
+created by an earlier round (the index may lag) answers 409, and one deleted already 404."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from etj_operator.decide.objects.workloads import workload
+from etj_operator.decide.plan.planner import JobView, Plan
+from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.kueue_watch import KueueIndex
+
+
+def kueue_seen(index: KueueIndex | None, job: JobView) -> dict[str, Any]:
+    """The Observed fields of a Kueue job: its Workloads and the ResourceFlavors (none for other jobs)."""
+    if index is None or job.kueue is None:
+        return {}
+    return {"workloads": index.workloads(job.namespace, job.name), "flavors": index.flavors}
+
+
+async def apply_workloads(kube: KubeClient, job: JobView, result: Plan) -> None:
+    if job.kueue is None:
+        return
+    await asyncio.gather(*(kube.delete_workload(job.namespace, name) for name in result.delete_workloads))
+    bodies = [
+        workload(
+            job.spec,
+            job=job.name,
+            namespace=job.namespace,
+            uid=job.uid,
+            name=want.name,
+            count=want.count,
+            priority=want.priority,
+            queue=job.kueue.queue,
+        )
+        for want in result.create_workloads
+    ]
+    await asyncio.gather(*(kube.create_workload(body) for body in bodies))
