@@ -391,3 +391,25 @@ def test_a_job_outside_kueue_is_planned_as_before() -> None:
         result.create_workers == [0, 1, 2, 3] and result.create_workloads == [] and result.worker_seats == {}
     )
     assert all(c.type != ConditionType.KUEUE_ADMITTED for c in result.status.conditions)
+
+
+# ---- the operator's Kueue index (k8s/kueue_watch.py): what a job's labels and the watched objects say -------
+
+
+def test_the_index_reads_a_jobs_queue_and_priority_from_its_labels() -> None:
+    from etj_operator.k8s.kueue_watch import KueueIndex
+
+    index = KueueIndex()
+    index.priorities["high"] = 100
+    assert index.job({}) is None  # no queue label: not a Kueue job
+    assert index.job({"kueue.x-k8s.io/queue-name": "lq"}) == KueueJob("lq", 0, None)
+    labels = {"kueue.x-k8s.io/queue-name": "lq", "kueue.x-k8s.io/priority-class": "high"}
+    assert index.job(labels) == KueueJob("lq", 100, "high")
+    assert index.job({**labels, "kueue.x-k8s.io/priority-class": "gone"}) == KueueJob("lq", None, "gone")
+    body = {
+        "metadata": {"name": BASE, "labels": {"etj.dev/job": "train"}},
+        "spec": {"podSets": [{"count": 2}]},
+    }
+    assert index.put_workload("ns", body) == ("ns", "train")
+    assert [w.name for w in index.workloads("ns", "train")] == [BASE]
+    assert index.drop_workload("ns", body) == ("ns", "train") and index.workloads("ns", "train") == []

@@ -5,12 +5,15 @@ created by an earlier round (the index may lag) answers 409, and one deleted alr
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from etj_operator.decide.objects.workloads import workload
 from etj_operator.decide.plan.planner import JobView, Plan
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.kueue_watch import KueueIndex
+
+log = logging.getLogger(__name__)
 
 
 def kueue_seen(index: KueueIndex | None, job: JobView) -> dict[str, Any]:
@@ -21,9 +24,12 @@ def kueue_seen(index: KueueIndex | None, job: JobView) -> dict[str, Any]:
 
 
 async def apply_workloads(kube: KubeClient, job: JobView, result: Plan) -> None:
+    """Failures are logged, not raised: the job's status is still written this round, and the next round
+    (level-based) asks again for what is still missing."""
     if job.kueue is None:
         return
-    await asyncio.gather(*(kube.delete_workload(job.namespace, name) for name in result.delete_workloads))
+    deletes = (kube.delete_workload(job.namespace, name) for name in result.delete_workloads)
+    _log(job, "delete", await asyncio.gather(*deletes, return_exceptions=True))
     bodies = [
         workload(
             job.spec,
@@ -37,4 +43,14 @@ async def apply_workloads(kube: KubeClient, job: JobView, result: Plan) -> None:
         )
         for want in result.create_workloads
     ]
-    await asyncio.gather(*(kube.create_workload(body) for body in bodies))
+    _log(
+        job,
+        "create",
+        await asyncio.gather(*(kube.create_workload(b) for b in bodies), return_exceptions=True),
+    )
+
+
+def _log(job: JobView, verb: str, outcomes: list[Any]) -> None:
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            log.warning("%s/%s: could not %s a Workload: %s", job.namespace, job.name, verb, outcome)
