@@ -393,7 +393,7 @@ def test_a_job_outside_kueue_is_planned_as_before() -> None:
     assert all(c.type != ConditionType.KUEUE_ADMITTED for c in result.status.conditions)
 
 
-# ---- the operator's Kueue index (k8s/kueue_watch.py): what a job's labels and the watched objects say -------
+# ---- the operator's Kueue index (k8s/kueue_watch.py): what a job's labels and the watched objects say ---
 
 
 def test_the_index_reads_a_jobs_queue_and_priority_from_its_labels() -> None:
