@@ -168,10 +168,13 @@ def test_beds_on_other_port_bases_hand_out_other_pod_addresses() -> None:
     assert pod_network({"ETJ_CLUSTER_PORT_BASE": "16400"}, default) == "127.0.0.0/16"
     others = {pod_network({"ETJ_CLUSTER_PORT_BASE": str(b)}, default) for b in (23400, 25400, 26400, 20400)}
     assert len(others) == 4 and "127.0.0.0/16" not in others
-    assert pod_network({"ETJ_CLUSTER_PORT_BASE": "23400", "ETJ_PROCLET_NETWORK": "127.9.0.0/16"}, default) == (
-        "127.9.0.0/16"
-    )
-    first = {LoopbackIPs(pod_network({"ETJ_CLUSTER_PORT_BASE": str(b)}, default)).allocate("ns/store") for b in (16400, 23400)}
+    assert pod_network(
+        {"ETJ_CLUSTER_PORT_BASE": "23400", "ETJ_PROCLET_NETWORK": "127.9.0.0/16"}, default
+    ) == ("127.9.0.0/16")
+    first = {
+        LoopbackIPs(pod_network({"ETJ_CLUSTER_PORT_BASE": str(b)}, default)).allocate("ns/store")
+        for b in (16400, 23400)
+    }
     assert len(first) == 2
 
 
