@@ -289,3 +289,22 @@ def _evicted_warnings(bed: Bed, job: str) -> list[Any]:
 
 def _live(bed: Bed, job: str) -> list[Any]:
     return [p for p in bed.pods(job, "rendezvous") if not p.metadata.deletion_timestamp]
+
+
+def test_a_restarted_operator_keeps_the_admitted_workers(kbed: tuple[KueueBed, OperatorProcess]) -> None:
+    """kopf holds the job handlers until the Workload index has listed once (k8s/kueue_watch.py): a new
+    operator that planned before seeing the job's Workloads would drain every worker as seatless."""
+    kb, op = kbed
+    bed = kb.bed
+    kb.setup()
+    kb.local_queue()
+    kb.etj("a")
+    bed.wait("the job at the quota's 3 workers", lambda: kb.at("a", QUOTA), 90)
+    before = {p.metadata.name: p.metadata.uid for p in kb.running("a")}
+    op.stop()
+    op.start()
+    time.sleep(12)  # two resyncs of the new operator (--resync-seconds 5)
+    after = {p.metadata.name: p.metadata.uid for p in kb.running("a")}
+    assert after == before and kb.at("a", QUOTA), (before, after)
+    history = [r.get("reason") for r in bed.status("a").get("resizeHistory") or []]
+    assert "KueuePreempted" not in history and "KueueQueued" not in history, history
