@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
@@ -140,10 +140,11 @@ class KueueBed:
                 },
             },
         }
-        self.batch.create_namespaced_job(self.ns, body)
+        self.batch.create_namespaced_job(self.ns, cast(Any, body))
 
     def workloads(self) -> list[dict[str, Any]]:
-        return list(self.custom.list_namespaced_custom_object(GROUP, VERSION, self.ns, "workloads")["items"])
+        listed = cast(Any, self.custom.list_namespaced_custom_object(GROUP, VERSION, self.ns, "workloads"))
+        return list(listed["items"])
 
     def admitted(self, owner: str) -> bool:
         for wl in self.workloads():
@@ -231,7 +232,7 @@ def test_a_higher_priority_job_preempts_exactly_one_extra_which_leaves_in_place(
     kb.preemptor("preemptor", gpus=1)
     bed.wait("the preemptor admitted", lambda: kb.admitted("preemptor"), 90)
     admitted_s = time.monotonic() - sent
-    bed.wait("the job shrunk to 2", lambda: kb.at("a", 2), 30)
+    bed.wait("the job shrunk to 2", lambda: kb.at("a", 2), 60)
     after = {p.metadata.name: p.metadata.uid for p in kb.running("a")}
     assert extra not in after and all(before[n] == uid for n, uid in after.items()), (before, after)
     status = bed.status("a")

@@ -413,3 +413,21 @@ def test_the_index_reads_a_jobs_queue_and_priority_from_its_labels() -> None:
     assert index.put_workload("ns", body) == ("ns", "train")
     assert [w.name for w in index.workloads("ns", "train")] == [BASE]
     assert index.drop_workload("ns", body) == ("ns", "train") and index.workloads("ns", "train") == []
+
+
+def test_a_job_taken_out_of_its_queue_gives_its_workloads_back() -> None:
+    pods = [store(), seated(0, BASE), seated(1, BASE)]
+    result = plan(
+        job(spec(replicas={"min": 2, "max": 2}), started(2)), observe(cluster(), pods, workloads=(wl(BASE),))
+    )
+    assert result.delete_workloads == [BASE] and result.drains == []  # its workers run on, as any job's
+
+
+def test_a_suspended_job_releases_its_workloads_once_its_workers_are_gone() -> None:
+    pods = [store(), seated(0, BASE), seated(1, BASE)]
+    suspended = kueue_job(started(2), suspend=True)
+    leaving = kueue_plan(suspended, pods, wl(BASE, count=2))
+    assert {d.reason for d in leaving.drains} == {Reason.SUSPENDED} and leaving.delete_workloads == []
+    gone = kueue_plan(replace(suspended, status=leaving.status), [], wl(BASE, count=2))
+    assert gone.delete_workloads == [BASE] and gone.create_workloads == []
+    assert condition(gone) == ("False", "Released")

@@ -17,8 +17,9 @@ log = logging.getLogger(__name__)
 
 
 def kueue_seen(index: KueueIndex | None, job: JobView) -> dict[str, Any]:
-    """The Observed fields of a Kueue job: its Workloads and the ResourceFlavors (none for other jobs)."""
-    if index is None or job.kueue is None:
+    """The Observed fields of a job under an operator run with --kueue: its Workloads (a job whose queue
+    label was removed may still have some, to delete) and the ResourceFlavors."""
+    if index is None:
         return {}
     return {"workloads": index.workloads(job.namespace, job.name), "flavors": index.flavors}
 
@@ -26,10 +27,10 @@ def kueue_seen(index: KueueIndex | None, job: JobView) -> dict[str, Any]:
 async def apply_workloads(kube: KubeClient, job: JobView, result: Plan) -> None:
     """Failures are logged, not raised: the job's status is still written this round, and the next round
     (level-based) asks again for what is still missing."""
-    if job.kueue is None:
-        return
     deletes = (kube.delete_workload(job.namespace, name) for name in result.delete_workloads)
     _log(job, "delete", await asyncio.gather(*deletes, return_exceptions=True))
+    if job.kueue is None:
+        return
     bodies = [
         workload(
             job.spec,

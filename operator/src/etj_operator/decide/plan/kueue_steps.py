@@ -30,7 +30,8 @@ RELEASING = frozenset({Reason.FINISHED, Reason.FAILED, Reason.SUSPENDED, Reason.
 
 
 def seats_of(job: JobView, obs: Observed) -> Seats:
-    return Seats.of(job.name, obs.workloads) if job.kueue is not None else Seats(None)
+    """The job's Workloads; a job no longer in a queue (its label removed) may still have some."""
+    return Seats.of(job.name, obs.workloads)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,9 +97,10 @@ class WorkloadPlan(StepResult):
 def manage_workloads(
     job: JobView, seats: Seats, workers: Sequence[PodInfo], stop_reason: Reason | None
 ) -> WorkloadPlan:
-    """The Workloads to create and delete (decide/kueue/admission.py, workload_changes)."""
+    """The Workloads to create and delete (decide/kueue/admission.py, workload_changes). A job taken out of
+    its queue (the label removed) runs as any job and gives back what its Workloads still hold."""
     if job.kueue is None:
-        return WorkloadPlan()
+        return WorkloadPlan(delete=tuple(sorted(seats.names)))
     spec = job.spec
     done = changes_of(
         job.name,
