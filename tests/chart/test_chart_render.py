@@ -323,7 +323,13 @@ def test_the_chart_can_forbid_host_path_volumes() -> None:
 def test_rbac_file_is_exactly_the_documented_operator_permissions() -> None:
     rules = rbac_file()
     assert (
-        rule_triples(rules["cluster"] + rules["namespaced"] + rules["leaderElection"])
+        rule_triples(
+            rules["cluster"]
+            + rules["namespaced"]
+            + rules["leaderElection"]
+            + rules["kueueCluster"]
+            + rules["kueueNamespaced"]
+        )
         == documented_permissions()
     )
 
@@ -375,6 +381,24 @@ def test_rbac_has_no_wildcards_no_secret_reads_and_no_writes_beyond_what_the_ope
             ("leases", "create"),  # leader election: the operator's own Lease
             ("leases", "update"),
         }
+
+
+def test_kueue_enabled_adds_the_kueue_rules_and_the_flag() -> None:
+    rules = rbac_file()
+    objs = render({"kueue": {"enabled": True}})
+    role = one(objs, "ClusterRole")
+    assert (
+        role["rules"]
+        == rules["cluster"] + rules["kueueCluster"] + rules["namespaced"] + rules["kueueNamespaced"]
+    )
+    assert _operator_flags(objs).kueue
+    namespaced = render({"kueue": {"enabled": True}, "watchNamespaces": ["team-a"]})
+    team = next(r for r in find(namespaced, "Role") if r["metadata"]["name"] == "etj")
+    assert team["rules"] == rules["namespaced"] + rules["kueueNamespaced"]
+    assert one(namespaced, "ClusterRole")["rules"] == rules["cluster"] + rules["kueueCluster"]
+    # Off by default: no Kueue rule, no flag.
+    assert not _operator_flags(render()).kueue
+    assert all("kueue.x-k8s.io" not in r["apiGroups"] for r in one(render(), "ClusterRole")["rules"])
 
 
 def test_watch_namespaces_grants_namespaced_rules_only_there() -> None:

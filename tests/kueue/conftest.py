@@ -92,7 +92,13 @@ def _strip_finalizers(cluster: Cluster) -> None:
         for ns, name in _names(cluster, kind):
             where = ["-n", ns] if ns else []
             cluster.kubectl(
-                "patch", kind, name, *where, "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                "patch",
+                kind,
+                name,
+                *where,
+                "--type=merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
                 check=False,
             )
 

@@ -21,6 +21,9 @@ LABEL_STORE = f"{GROUP}/store"
 # The nodes a worker pod was created to avoid (comma-separated; status.avoidedNodes then): a Pending pod whose
 # list names a node no longer avoided is recreated, or it would wait for ever off a node it may use again.
 ANNOTATION_AVOIDED_NODES = f"{GROUP}/avoided-nodes"
+# The Kueue Workload a worker pod runs under (docs/kueue.md): the job's base Workload (replicas.min workers)
+# or one of its extra seats (one worker each). Its value is the Workload's name.
+LABEL_KUEUE_SEAT = f"{GROUP}/kueue-seat"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "etj-operator"
 ROLE_WORKER = "worker"

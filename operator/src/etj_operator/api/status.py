@@ -68,6 +68,10 @@ class ConditionType(StrEnum):
     # and its message (decide/failures/start_blocks.py). failurePolicy.podStartDeadlineSeconds bounds the
     # wait.
     PODS_BLOCKED = "PodsBlocked"
+    # Only on jobs labelled kueue.x-k8s.io/queue-name under an operator run with --kueue (docs/kueue.md): True
+    # while Kueue admits the job's base Workload; False while it waits (reason Pending, Kueue's message) or
+    # after Kueue evicted it (reason Evicted).
+    KUEUE_ADMITTED = "KueueAdmitted"
 
 
 class StatusModel(ApiModel):

@@ -19,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.k8s.metrics import METRICS, Metrics
+from etj_operator.observe.workloads import KUEUE_GROUP, KUEUE_VERSION
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -234,6 +235,30 @@ class KubeClient:
             ok=frozenset({404}),
         )
         return result if isinstance(result, dict) else None
+
+    async def create_workload(self, body: dict[str, Any]) -> bool:
+        """Create one of a job's Kueue Workloads; False when it exists already (deterministic names)."""
+        ns = body["metadata"]["namespace"]
+        done = await self._call(
+            "create",
+            "workloads",
+            lambda: self.custom.create_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, ns, "workloads", body
+            ),
+            ok=frozenset({409}),
+        )
+        return done is not None
+
+    async def delete_workload(self, namespace: str, name: str) -> None:
+        """Delete a job's Workload (gone already is fine): Kueue gives its quota back."""
+        await self._call(
+            "delete",
+            "workloads",
+            lambda: self.custom.delete_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name, propagation_policy="Background"
+            ),
+            ok=frozenset({404}),
+        )
 
     async def delete_job(self, namespace: str, name: str) -> None:
         # Background propagation: the garbage collector removes the pods and the service.

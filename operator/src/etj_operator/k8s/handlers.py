@@ -27,7 +27,7 @@ import kopf
 
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.constants import LABEL_JOB
-from etj_operator.k8s import kube_api
+from etj_operator.k8s import kube_api, kueue_watch
 from etj_operator.k8s.client import KubeClient
 from etj_operator.k8s.job_runners import JobRunners
 from etj_operator.k8s.metrics import METRICS
@@ -90,6 +90,8 @@ class State:
         self.unlisted = set(self.scopes)  # scopes whose first listing has not arrived yet
         self.pods_listed = asyncio.Event()  # the job loops plan only after every pod was listed once
         self.watches: list[PodWatch] = []
+        # Kueue's objects (k8s/kueue_watch.py), only with --kueue.
+        self.kueue = kueue_watch.KueueIndex() if settings.kueue else None
 
     # World protocol (settings.World)
     def nodes(self) -> Mapping[str, NodeInfo]:
@@ -202,6 +204,23 @@ async def etj_nodes(name: str, body: kopf.Body, memo: Any, **_: Any) -> dict[str
     return {name: info}
 
 
+def register_kueue() -> None:
+    """Watch Kueue's objects too (--kueue): they exist only where Kueue's CRDs are installed."""
+
+    def index_of(memo: Any) -> kueue_watch.KueueIndex:
+        index = _state(memo).kueue
+        if index is None:
+            raise RuntimeError("--kueue handlers registered without a Kueue index")
+        return index
+
+    def kick(memo: Any, namespace: str, job: str) -> None:
+        runners = _state(memo).runners
+        if runners is not None:
+            runners.kick(namespace, job)
+
+    kueue_watch.register(KOPF_REGISTRY, index_of, kick)
+
+
 # --- lifecycle -----------------------------------------------------------------------------------
 @kopf.on.login(registry=KOPF_REGISTRY)
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -225,7 +244,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> 
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     api = kube_api.api_client()  # a timeout on every request
-    state.runners = JobRunners(state, KubeClient(api), state.settings)
+    state.runners = JobRunners(state, KubeClient(api), state.settings, state.kueue)
     loop = asyncio.get_running_loop()
     for scope in state.scopes:
         watch = PodWatch(

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from etj_operator.k8s.client import KubeClient
+from etj_operator.k8s.kueue_watch import KueueIndex
 from etj_operator.k8s.metrics import METRICS
 from etj_operator.k8s.reconciler import JobRunner
 from etj_operator.k8s.settings import Settings, World
@@ -18,8 +19,11 @@ from etj_operator.k8s.store_client import StoreClient
 class JobRunners:
     """The job runners, keyed by (namespace, name)."""
 
-    def __init__(self, world: World, kube: KubeClient, settings: Settings) -> None:
+    def __init__(
+        self, world: World, kube: KubeClient, settings: Settings, kueue: KueueIndex | None = None
+    ) -> None:
         self.world, self.kube, self.settings = world, kube, settings
+        self.kueue = kueue  # Kueue's objects (--kueue), else None
         self.store = StoreClient()  # one session for every job's store; closed by handlers.cleanup
         self.runners: dict[tuple[str, str], JobRunner] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -34,7 +38,9 @@ class JobRunners:
                 task = asyncio.create_task(runner.stop())
                 self._stopping.add(task)
                 task.add_done_callback(self._stopping.discard)
-            runner = JobRunner(key[0], key[1], self.world, self.kube, self.settings, self.store)
+            runner = JobRunner(
+                key[0], key[1], self.world, self.kube, self.settings, self.store, kueue=self.kueue
+            )
             self.runners[key] = runner
             runner.body = body
             runner.start()

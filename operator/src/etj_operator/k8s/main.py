@@ -100,6 +100,8 @@ async def operator(
             "be high; the scheduler still places every pod correctly (docs/operator.md, 'Namespaced mode')",
             ", ".join(args.namespace),
         )
+    if args.kueue:
+        handlers.register_kueue()
     # Drains and creates run in threads (sync client); many at once when a pool loses nodes.
     asyncio.get_running_loop().set_default_executor(
         ThreadPoolExecutor(max_workers=64, thread_name_prefix="etj")

@@ -24,11 +24,11 @@ from pydantic import ValidationError
 
 from etj_contract.replicas import Replicas
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
-from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
+from etj_operator.constants import ROLE_RENDEZVOUS
 from etj_operator.decide.objects import dataplane, manifests, names, pod_policy
 from etj_operator.decide.plan.planner import FINAL_REPORT_GRACE, JobView, Observed, Plan, plan
 from etj_operator.decide.status.invalid_spec import spec_error_message
-from etj_operator.k8s import job_objects, status_write
+from etj_operator.k8s import job_objects, kueue_apply, kueue_watch, status_write
 from etj_operator.k8s.client import KubeClient, StatusConflict
 from etj_operator.k8s.metrics import METRICS, observe_drain
 from etj_operator.k8s.rejections import rejections
@@ -53,9 +53,10 @@ class JobRunner:
         kube: KubeClient,
         settings: Settings,
         store_http: StoreClient,
+        kueue: kueue_watch.KueueIndex | None = None,
     ) -> None:
         self.namespace, self.name = namespace, name
-        self.world, self.kube, self.settings = world, kube, settings
+        self.world, self.kube, self.settings, self.kueue = world, kube, settings, kueue
         self.body: Mapping[str, Any] | None = None
         self.kick = asyncio.Event()
         self.status: ElasticTrainingJobStatus | None = None  # last status we wrote (the index may lag)
@@ -162,6 +163,7 @@ class JobRunner:
             prices=self.settings.prices,
             deadline_costs=self.settings.deadline_costs,
             extra_priority_class=self.settings.extra_priority_class,
+            kueue=self.kueue.job(meta.get("labels") or {}) if self.kueue is not None else None,
         )
 
     async def reconcile(self) -> Plan | None:
@@ -175,7 +177,7 @@ class JobRunner:
             return None
         self.spec_error_said = None  # readable again: a later error is said again
         pods = self._owned(job.uid)
-        if self._awaiting_final_report(pods):
+        if self.settings.progress_seconds > 0 and self.store.awaiting_final_report(pods):
             # Workers exited 0: their final report is in the store now. Read it before the planner may
             # stop the store, instead of waiting for the next poll (which the store's end would outrun).
             await self.store.refresh(self.world.job_pods(self.namespace, self.name))
@@ -191,6 +193,7 @@ class JobRunner:
             final_report_grace=FINAL_REPORT_GRACE if self.settings.progress_seconds > 0 else timedelta(0),
             create_rejection=self.create_rejection,
             progress_tracked=self.settings.progress_seconds > 0,
+            **kueue_apply.kueue_seen(self.kueue, job),
         )
         result = plan(job, obs)
         await self.apply(job, result, {p.name: p for p in pods}, obs)
@@ -213,6 +216,9 @@ class JobRunner:
                 for d in drains
             )
         )
+        await kueue_apply.apply_workloads(
+            self.kube, job, result
+        )  # a preempted seat's quota, once its worker is gone
         rejection, errors = await self._create_all(job, result)
         attempted = result.create_workers or result.create_rendezvous or rejection or errors
         if attempted or (result.status.current_replicas or 0) >= (result.status.desired_replicas or 0):
@@ -275,6 +281,7 @@ class JobRunner:
                 capacity=capacity,
                 avoid_nodes=result.avoid_nodes,
                 priority_class=job.extra_priority_class if extra else job.spec.placement.priority_class_name,
+                seat=result.worker_seats.get(slot),
             )
             creates.append(self._create(body))
         return rejections(await asyncio.gather(*creates, return_exceptions=True))
@@ -388,10 +395,3 @@ class JobRunner:
             await asyncio.sleep(self.settings.progress_seconds)
             if await self.store.refresh(self.world.job_pods(self.namespace, self.name)):
                 self.kick.set()
-
-    def _awaiting_final_report(self, pods: list[PodInfo]) -> bool:
-        return (
-            self.settings.progress_seconds > 0
-            and not (self.store.progress or {}).get("finished")
-            and any(p.role == ROLE_WORKER and p.exited_ok for p in pods)
-        )

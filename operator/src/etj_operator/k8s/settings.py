@@ -50,6 +50,8 @@ class Settings:
     # PriorityClass of workers beyond replicas.min (the chart creates it): lower than every job's, so
     # jobs share a pool by the rule in decide/plan/sharing.py. None: every worker at its job's priority.
     extra_priority_class: str | None = table.EXTRA_PRIORITY_CLASS.default
+    # Jobs labelled kueue.x-k8s.io/queue-name go through Kueue (docs/kueue.md): Workloads, admission, seats.
+    kueue: bool = table.KUEUE.default
 
 
 # The options whose parsed value is the Settings field of the same name (build_state copies them over).
@@ -64,6 +66,7 @@ SETTING_OPTIONS: tuple[table.Option[Any], ...] = (
     table.FORBID_HOST_PATH,
     table.OPERATOR_NAMESPACE,
     table.EXTRA_PRIORITY_CLASS,
+    table.KUEUE,
 )
 
 

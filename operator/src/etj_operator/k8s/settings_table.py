@@ -239,6 +239,15 @@ EXTRA_PRIORITY_CLASS = Option[str | None](
     chart_default="etj-elastic-extra",
     via="env",
 )
+KUEUE = Option[bool](
+    "kueue",
+    ("--kueue",),
+    False,
+    "admit jobs labelled kueue.x-k8s.io/queue-name through Kueue: Workloads for replicas.min and for each "
+    "extra worker, no worker before admission, a preempted extra drained in place (docs/kueue.md)",
+    kind="on",
+    chart="kueue.enabled",
+)
 DEFAULT_CAPACITY_TYPE = Option[str](
     "default_capacity_type",
     ("--default-capacity-type",),
@@ -392,6 +401,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     ON_DEMAND_STARTUP_SECONDS,
     RESIZE_SECONDS,
     EXTRA_PRIORITY_CLASS,
+    KUEUE,
     DEFAULT_CAPACITY_TYPE,
     SPOT_LABEL,
     ON_DEMAND_LABEL,

@@ -18,7 +18,7 @@ import aiohttp
 from etj_contract.ports import PROGRESS_PORT
 from etj_contract.progress import auth_header
 from etj_contract.replicas import REPLICAS_PATH, Replicas
-from etj_operator.constants import ROLE_RENDEZVOUS
+from etj_operator.constants import ROLE_RENDEZVOUS, ROLE_WORKER
 from etj_operator.decide.objects.names import rendezvous_index
 from etj_operator.observe.pods import PodInfo
 from etj_operator.timeutil import utcnow
@@ -108,6 +108,12 @@ class StoreLink:
             return False
         self.progress, self.progress_time = data, utcnow()
         return True
+
+    def awaiting_final_report(self, pods: Iterable[PodInfo]) -> bool:
+        """Workers exited 0 and the progress read says nothing of the end yet: the final report is in the
+        store now, and must be read before the planner may stop the store."""
+        finished = (self.progress or {}).get("finished")
+        return not finished and any(p.role == ROLE_WORKER and p.exited_ok for p in pods)
 
     async def tell_bounds(self, bounds: Replicas, pods: Iterable[PodInfo]) -> None:
         """The job's replica bounds to its store, for the agents and rank 0 that started before a change

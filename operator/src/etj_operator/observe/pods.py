@@ -11,6 +11,7 @@ from etj_operator.constants import (
     ANNOTATION_AVOIDED_NODES,
     LABEL_CAPACITY,
     LABEL_JOB,
+    LABEL_KUEUE_SEAT,
     LABEL_ROLE,
     LABEL_SLOT,
     LABEL_STORE,
@@ -105,6 +106,8 @@ class PodInfo:
     # spec.priorityClassName: fixed at creation, it says whether a worker is one of the job's min workers
     # or an elastic extra (decide/plan/sharing.py).
     priority_class: str | None = None
+    # The Kueue Workload the worker runs under (etj.dev/kueue-seat), if the job goes through Kueue.
+    seat: str | None = None
     ready: bool = False  # the Ready condition is True (a store: its TCPStore accepts connections)
     # A store pod's etj.dev/store label (its index), which the Service selects; None on store pods made by
     # operators before make-before-break moves (their Service selects job and role only).
@@ -178,6 +181,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo:
         role=labels.get(LABEL_ROLE, ""),
         slot=int(slot_raw) if slot_raw and slot_raw.isdigit() else None,
         pinned=labels.get(LABEL_CAPACITY) or None,
+        seat=labels.get(LABEL_KUEUE_SEAT) or None,
         avoids=tuple(
             n for n in ((meta.get("annotations") or {}).get(ANNOTATION_AVOIDED_NODES) or "").split(",") if n
         ),

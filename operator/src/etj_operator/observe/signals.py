@@ -33,6 +33,13 @@ class Reason(StrEnum):
     # sharing rule, decide/plan/sharing.py). A planned shrink of an elastic job, never a failure: not in
     # INTERRUPTIONS, so failurePolicy.countInterruptions does not count it either.
     PREEMPTED = "Preempted"
+    # Kueue evicted the extra seat's Workload the worker ran under (preempted, or lent quota reclaimed: docs/
+    # kueue.md): a planned shrink like the scheduler's preemption, never a failure (not in INTERRUPTIONS).
+    KUEUE_PREEMPTED = "KueuePreempted"
+    # Kueue evicted the job's base Workload (its replicas.min): the job stops like a suspend and queues again.
+    KUEUE_EVICTED = "KueueEvicted"
+    # The job's base Workload is not admitted (yet, or no more): it keeps no worker and no store meanwhile.
+    KUEUE_QUEUED = "KueueQueued"
     WORKER_FAILED = "WorkerFailed"
     # A Pending worker created to avoid a node no longer avoided (expired, or dropped by the cap): recreated.
     AVOIDANCE_EXPIRED = "AvoidanceExpired"

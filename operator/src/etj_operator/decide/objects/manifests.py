@@ -19,6 +19,7 @@ from etj_operator.constants import (
     ANNOTATION_AVOIDED_NODES,
     LABEL_CAPACITY,
     LABEL_JOB,
+    LABEL_KUEUE_SEAT,
     LABEL_ROLE,
     LABEL_SLOT,
     LABEL_STORE,
@@ -33,7 +34,7 @@ from etj_operator.decide.objects.names import (
     rendezvous_pod_name,
     worker_name,
 )
-from etj_operator.decide.objects.placement import capacity_affinity, capacity_tolerations
+from etj_operator.decide.objects.placement import SeatPlacement, capacity_affinity, capacity_tolerations
 from etj_operator.decide.objects.pod_env import DEFAULT_WORKER_GRACE_SECONDS, token_env, worker_env
 
 RENDEZVOUS_GRACE_SECONDS = 10
@@ -67,7 +68,7 @@ def _restricted_pod() -> dict[str, Any]:
     }
 
 
-def _resources(spec: ElasticTrainingJobSpec) -> dict[str, Any]:
+def worker_resources(spec: ElasticTrainingJobSpec) -> dict[str, Any]:
     res = spec.trainer.resources
     amounts: dict[str, Any] = {}
     if res.gpu:
@@ -183,7 +184,7 @@ def _worker_container(
             grace_seconds=grace_seconds,
             startup_workers=startup_workers,
         ),
-        "resources": _resources(spec),
+        "resources": worker_resources(spec),
         "securityContext": _restricted_container(),
         "volumeMounts": mounts,
         # A failed trainer's last log lines become the pod's termination message: the WorkerFailed Event
@@ -206,14 +207,15 @@ def worker_pod(
     capacity: CapacityType | None = None,
     avoid_nodes: Sequence[str] = (),
     priority_class: str | None = None,
+    seat: SeatPlacement | None = None,
 ) -> dict[str, Any]:
     """One worker pod; ``image`` is the planner's resolved trainer image (default: spec.trainer.image).
     ``token_secret``: the job's token Secret (dataplane.token_secret_name), which the pod's env names.
     ``startup_workers``: the job's workers once this pod's batch exists (the plan's ``startup_workers``).
     ``capacity``: pin the pod to that capacity type (the deadline policy's spot and on-demand workers),
     labelled ``etj.dev/capacity`` so the planner knows which of its workers to release first. ``avoid_nodes``:
-    nodes it must not run on (the plan's: workers crashed there). ``priority_class``:
-    decide/plan/sharing.py."""
+    nodes it must not run on (the plan's: workers crashed there). ``priority_class``: decide/plan/sharing.py.
+    ``seat``: the Kueue Workload it runs under (etj.dev/kueue-seat), its flavor's labels and tolerations."""
     name = worker_name(job, slot)
     placement = spec.placement
     volumes, mounts = _worker_storage(spec)
@@ -229,8 +231,7 @@ def worker_pod(
         startup_workers=startup_workers,
         mounts=mounts,
     )
-    pinned = {LABEL_CAPACITY: capacity.value} if capacity is not None else {}
-    pod_labels = {**labels(job, ROLE_WORKER), LABEL_SLOT: str(slot), **pinned}
+    pod_labels = {**labels(job, ROLE_WORKER), LABEL_SLOT: str(slot), **_pinned(capacity, seat)}
     types = [capacity] if capacity is not None else list(placement.capacity_types)
     pod_spec: dict[str, Any] = {
         # Never: a crashed worker is replaced by the operator, which counts it against the budget.
@@ -248,9 +249,15 @@ def worker_pod(
         # The trainer's cloud identity (S3 checkpoints); automountServiceAccountToken stays False: IRSA's
         # and Pod Identity's webhooks add their own projected token, the Kubernetes API one is not needed.
         pod_spec["serviceAccountName"] = spec.trainer.service_account_name
-    _place_worker(pod_spec, placement, types, capacity, avoid_nodes)
+    _place_worker(pod_spec, placement, types, capacity, avoid_nodes, seat)
     notes = {ANNOTATION_AVOIDED_NODES: ",".join(avoid_nodes)} if avoid_nodes else None
     return _pod(name, namespace, pod_labels, owner_reference(job, uid), pod_spec, notes)
+
+
+def _pinned(capacity: CapacityType | None, seat: SeatPlacement | None) -> dict[str, str]:
+    """The labels that say what a worker is pinned to: its capacity type, its Kueue seat."""
+    pinned = {LABEL_CAPACITY: capacity.value} if capacity is not None else {}
+    return pinned | ({LABEL_KUEUE_SEAT: seat.seat} if seat is not None else {})
 
 
 def _place_worker(
@@ -259,10 +266,15 @@ def _place_worker(
     types: list[CapacityType],
     capacity: CapacityType | None,
     avoid_nodes: Sequence[str],
+    seat: SeatPlacement | None,
 ) -> None:
-    """The worker's node selector and node affinity (capacity types, the user's, the avoided nodes)."""
-    if placement.node_selector:
-        pod_spec["nodeSelector"] = dict(placement.node_selector)
+    """The worker's node selector and node affinity (capacity types, the user's, the avoided nodes), and
+    the node labels and tolerations of the Kueue flavor its seat was admitted on."""
+    selector = {**placement.node_selector, **(seat.node_selector if seat is not None else {})}
+    if selector:
+        pod_spec["nodeSelector"] = selector
+    if seat is not None:
+        pod_spec["tolerations"] += [dict(t) for t in seat.tolerations]
     if affinity := capacity_affinity(types, placement.affinity, pin=capacity, avoid=avoid_nodes):
         pod_spec["affinity"] = affinity
 

@@ -7,6 +7,7 @@ room is where the scheduler may put the pod.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from etj_operator.api.models import CapacityType
@@ -15,6 +16,16 @@ from etj_operator.observe.nodes import CAPACITY_LABELS, SPOT_TAINT_TOLERATIONS
 
 # The well-known label every kubelet sets to its node's name (clouds keep them equal; so does kwok).
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+@dataclass(frozen=True)
+class SeatPlacement:
+    """Where a worker admitted on a seat runs: the assigned flavors' node labels (as a nodeSelector) and
+    tolerations, which is what Kueue gives the pods of the jobs it manages itself."""
+
+    seat: str  # the Workload's name (the pod's etj.dev/kueue-seat)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
 
 
 def capacity_tolerations(types: Iterable[CapacityType]) -> list[dict[str, str]]:

@@ -15,10 +15,13 @@ from typing import Any
 from etj_contract.progress import FINAL_REPORT_DEADLINE_S
 from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec, ElasticTrainingJobStatus
 from etj_operator.decide.deadline.schedule import DeadlineCosts, PriceDefaults
+from etj_operator.decide.kueue.admission import KueueJob, WorkloadWant
+from etj_operator.decide.objects.placement import SeatPlacement
 from etj_operator.decide.types import Drain, KubeEvent
 from etj_operator.observe.nodes import NodeInfo
 from etj_operator.observe.pods import PodInfo
 from etj_operator.observe.signals import Reason
+from etj_operator.observe.workloads import FlavorInfo, WorkloadInfo
 
 # Workers that exited 0 have normally had their final report acknowledged (rank 0 retries it for up to 60 s
 # before it exits: etj_trainer.core.progress), and the operator re-reads the store at once when it sees them
@@ -48,6 +51,9 @@ class JobView:
     # workers beyond replicas.min run at it (decide/plan/sharing.py). None: every worker at the job's
     # priority.
     extra_priority_class: str | None = None
+    # The job goes through Kueue (labelled kueue.x-k8s.io/queue-name, the operator run with --kueue): its
+    # queue and priority (decide/plan/kueue_steps.py). None: it does not.
+    kueue: KueueJob | None = None
 
 
 def trainer_image(job: JobView) -> str | None:
@@ -86,6 +92,9 @@ class Observed:
     # Whether the operator reads the trainer's progress at all (--progress-seconds > 0): the Progressing
     # condition can only be judged from it.
     progress_tracked: bool = True
+    # The job's Kueue Workloads and the ResourceFlavors they may be admitted on (a Kueue job only).
+    workloads: Sequence[WorkloadInfo] = ()
+    flavors: Mapping[str, FlavorInfo] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,11 @@ class Plan:
     avoid_nodes: list[str] = field(default_factory=list)
     requeue_after: float | None = None  # seconds until a time-based decision changes
     delete_job: bool = False  # ttlSecondsAfterFinished expired
+    # A Kueue job's new workers' seats (slot → its Workload and flavor), and its Workloads to create and
+    # delete (decide/plan/kueue_steps.py).
+    worker_seats: dict[int, SeatPlacement] = field(default_factory=dict)
+    create_workloads: list[WorkloadWant] = field(default_factory=list)
+    delete_workloads: list[str] = field(default_factory=list)
 
     def requeue(self, seconds: float) -> None:
         seconds = max(0.5, seconds)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from etj_operator.decide.plan import drain_steps as drain
 from etj_operator.decide.plan import judge_steps as judge
+from etj_operator.decide.plan import kueue_steps as kueue
 from etj_operator.decide.plan.capacity import FreeCapacity, LazyCapacity, free_capacity, worker_demand
 from etj_operator.decide.plan.create_steps import place_rendezvous, refill_workers, resolve_image
 from etj_operator.decide.plan.deadline_steps import STATUS_REFRESH, apply_deadline_policy, record_schedule
@@ -86,13 +87,18 @@ def plan(job: JobView, obs: Observed) -> Plan:
     out.take(outcome)
     started = judge.judge_start_blocks(spec, prev, outcome.verdict, pods, survivors, now)
     out.take(started)
-    verdict = started.verdict
+    # A Kueue job runs only while its base Workload is admitted (decide/plan/kueue_steps.py).
+    seats = kueue.seats_of(job, obs)
+    gated = kueue.gate_on_admission(job, seats, started.verdict, survivors)
+    survivors = _drained(out, survivors, gated)
+    verdict = gated.verdict
     avoided = judge.avoid_failed_nodes(spec, prev, out.drains, verdict.terminal, now)
     out.take(avoided)
     out.avoid_nodes = avoided.names
     # Which workers stop.
     stop = verdict.stop_reason
     survivors = _drained(out, survivors, drain.stop_workers(stop, survivors))
+    survivors = _drained(out, survivors, kueue.drain_unseated(job, seats, stop, survivors))
     trimmed = drain.trim_to_max(spec.replicas.max, prev.desired_replicas, stop, survivors)
     survivors = _drained(out, survivors, trimmed)
     survivors = _drained(out, survivors, drain.recreate_stale_avoiders(stop, out.avoid_nodes, survivors))
@@ -100,10 +106,16 @@ def plan(job: JobView, obs: Observed) -> Plan:
     images = resolve_image(job)
     out.trainer_image, out.store_image = images.trainer, images.store
     acting = stop is None and not outcome.finish.awaiting_report
-    deadline = apply_deadline_policy(job, obs, survivors, acting)
+    # Under Kueue the quota says how many workers run: no deadline policy, no refill by free nodes.
+    deadline = apply_deadline_policy(job, obs, survivors, acting and job.kueue is None)
     survivors = _drained(out, survivors, deadline)
     room = LazyCapacity(spec, obs, frozenset(out.avoid_nodes))  # free capacity, computed once if needed
-    if acting and images.trainer is not None:
+    if acting and images.trainer is not None and job.kueue is not None:
+        seated = kueue.seat_workers(job, obs, seats, pods.workers, survivors)
+        out.take(seated)
+        out.create_workers, out.extra_workers = seated.create_workers, seated.extra_workers
+        out.worker_seats, out.startup_workers = seated.seats, seated.startup_workers
+    elif acting and images.trainer is not None:
         refill = refill_workers(job, now, pods.workers, survivors, out.drains, deadline.capacity, room)
         out.take(refill)
         out.create_workers, out.create_on_demand = refill.create_workers, refill.create_on_demand
@@ -121,6 +133,12 @@ def plan(job: JobView, obs: Observed) -> Plan:
     schedule = record_schedule(job, written.status, deadline.capacity, now)
     out.take(schedule)
     out.status = schedule.status
+    admitted = kueue.kueue_status(job, seats, out.status, now)
+    out.take(admitted)
+    out.status = admitted.status
+    workloads = kueue.manage_workloads(job, seats, pods.workers, stop)
+    out.take(workloads)
+    out.create_workloads, out.delete_workloads = list(workloads.create), list(workloads.delete)
     out.take(judge.warn_report_missing(outcome.finish, prev))
     expiry = judge.expire_ttl(spec, verdict.terminal, out.status.completion_time, now)
     out.take(expiry)
