@@ -172,4 +172,3 @@ def open_source(
         augment=augment,
         val_resize=val_resize,
     )
-
