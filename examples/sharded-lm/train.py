@@ -96,7 +96,8 @@ class Block(nn.Module):
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (b, heads, t, d / heads)
         x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp(self.ln2(x))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 class ByteGPT(nn.Module):
@@ -111,7 +112,8 @@ class ByteGPT(nn.Module):
         x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln(x))  # (batch, seq_len, VOCAB) logits
+        logits: torch.Tensor = self.head(self.ln(x))  # (batch, seq_len, VOCAB)
+        return logits
 
 
 class LossLog:
