@@ -30,7 +30,7 @@ from tests.plugins.cluster import Cluster
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))  # examples/*/job.yaml too
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -26,7 +26,7 @@ from etj_operator.api.models import (
 from tests.api.cases import CASES, Case, valid_job
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))  # examples/*/job.yaml too
 
 
 def _loc_path(loc: tuple[int | str, ...]) -> str:
