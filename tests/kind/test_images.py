@@ -82,12 +82,12 @@ def test_the_operator_image_runs_as_its_user_on_a_read_only_root(kind: KindBed) 
     assert out.stdout.split() == ["etj", "/tmp"], out.stdout
 
 
-# Headers and static libraries under site-packages/nvidia, and whether a C compiler is on PATH.
+# Headers under site-packages/nvidia, static libraries anywhere in site-packages, and whether a C compiler
+# is on PATH.
 LEFT_FOR_A_COMPILER = (
-    "import os, shutil, sysconfig; root = os.path.join(sysconfig.get_paths()['purelib'], 'nvidia'); "
-    "walk = list(os.walk(root)); "
-    "print(sum(os.path.basename(d) == 'include' for d, _, _ in walk), "
-    "sum(f.endswith('.a') for _, _, fs in walk for f in fs), "
+    "import os, shutil, sysconfig; site = sysconfig.get_paths()['purelib']; "
+    "print(sum(os.path.basename(d) == 'include' for d, _, _ in os.walk(os.path.join(site, 'nvidia'))), "
+    "sum(f.endswith('.a') for _, _, fs in os.walk(site) for f in fs), "
     "any(shutil.which(c) for c in ('nvcc', 'gcc', 'cc')))"
 )
 
