@@ -13,7 +13,10 @@ its workers while evicted.
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -170,7 +173,13 @@ def kbed(kueue: Kueue, kueue_namespace: str, tmp_path: Path) -> Iterator[tuple[K
         bed.node(f"spot-{i}", "spot")
     bed.node("od-0", "on-demand", gpus=0)  # the store's
     kb = KueueBed(bed)
-    op = OperatorProcess(kueue.cluster.kubeconfig, bed.ns, tmp_path / "operator.log", "--kueue").start()
+    with socket.socket() as free:  # the operator's metrics: _planned counts its reconciles there
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    log = tmp_path / "operator.log"
+    op = OperatorProcess(
+        kueue.cluster.kubeconfig, bed.ns, log, "--kueue", "--metrics-port", str(port)
+    ).start()
     try:
         yield kb, op
     finally:
@@ -180,10 +189,32 @@ def kbed(kueue: Kueue, kueue_namespace: str, tmp_path: Path) -> Iterator[tuple[K
         bed.cleanup()
 
 
+RECONCILES = "etj_operator_reconcile_duration_seconds_count"
+
+
+def _reconciles(op: OperatorProcess) -> float:
+    """How many job reconciles ``op``'s process has run (0 while its metrics server is not up yet)."""
+    args = op.args
+    port = next(args[i + 1] for i in range(len(args) - 2, -1, -1) if args[i] == "--metrics-port")  # last wins
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return 0.0
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(RECONCILES))
+
+
+def _planned(op: OperatorProcess, bed: Bed, times: int = 2) -> None:
+    """Wait until the operator has planned ``times`` more times: what it did not do by then it decided
+    not to do (a check of absence that waits for the operator, not for a fixed time)."""
+    start = _reconciles(op)
+    bed.wait(f"the operator planning {times} more times", lambda: _reconciles(op) >= start + times, 60)
+
+
 def test_a_queued_job_runs_no_pod_until_admitted_and_the_quota_decides_its_size(
     kbed: tuple[KueueBed, OperatorProcess],
 ) -> None:
-    kb, _ = kbed
+    kb, op = kbed
     bed = kb.bed
     kb.setup()
     kb.etj("a")  # its LocalQueue does not exist yet: Kueue cannot admit it
@@ -192,14 +223,14 @@ def test_a_queued_job_runs_no_pod_until_admitted_and_the_quota_decides_its_size(
         lambda: any(w["metadata"]["name"] == "a-kueue-base" for w in kb.workloads()),
     )
     bed.wait("KueueAdmitted=False", lambda: bed.condition("a", "KueueAdmitted").get("status") == "False", 30)
-    time.sleep(3)
+    _planned(op, bed)
     assert bed.pods("a") == [] and bed.pods("a", "rendezvous") == [], "a pod before Kueue admitted the job"
     assert bed.condition("a", "KueueAdmitted")["reason"] == "Pending"
     started = time.monotonic()
     kb.local_queue()
     bed.wait("3 workers: min 2 and one extra, as the quota allows", lambda: kb.at("a", QUOTA), 90)
     admitted_s = time.monotonic() - started
-    time.sleep(3)  # and not 4, though a fourth spot node is free
+    _planned(op, bed)  # and not 4, though a fourth spot node is free
     assert kb.at("a", QUOTA), [p.metadata.name for p in kb.workers("a")]
     seats = sorted(p.metadata.labels[SEAT_LABEL] for p in kb.running("a"))
     assert seats == ["a-kueue-base", "a-kueue-base", "a-kueue-x0"] or seats[:2] == ["a-kueue-base"] * 2, seats
@@ -252,7 +283,7 @@ def test_a_higher_priority_job_preempts_exactly_one_extra_which_leaves_in_place(
 def test_evicting_the_base_stops_the_job_and_it_comes_back_when_admitted_again(
     kbed: tuple[KueueBed, OperatorProcess],
 ) -> None:
-    kb, _ = kbed
+    kb, op = kbed
     bed = kb.bed
     kb.setup()
     kb.local_queue()
@@ -272,7 +303,7 @@ def test_evicting_the_base_stops_the_job_and_it_comes_back_when_admitted_again(
         ),
         60,
     )
-    time.sleep(2)
+    _planned(op, bed)
     assert not kb.workers("a"), "a worker while the job's base waits for quota"
     (warning,) = _evicted_warnings(bed, "a")
     assert "Preempted" in warning.message, warning.message
@@ -304,7 +335,7 @@ def test_a_restarted_operator_keeps_the_admitted_workers(kbed: tuple[KueueBed, O
     before = {p.metadata.name: p.metadata.uid for p in kb.running("a")}
     op.stop()
     op.start()
-    time.sleep(12)  # two resyncs of the new operator (--resync-seconds 5)
+    _planned(op, bed)  # the new operator's own plans, with the Workloads it listed first
     after = {p.metadata.name: p.metadata.uid for p in kb.running("a")}
     assert after == before and kb.at("a", QUOTA), (before, after)
     history = [r.get("reason") for r in bed.status("a").get("resizeHistory") or []]
