@@ -26,7 +26,10 @@ from etj_operator.api.models import (
 from tests.api.cases import CASES, Case, valid_job
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))  # examples/*/job.yaml too
+# Every ElasticTrainingJob under examples/ (examples/*/job.yaml too; not the Kueue queues beside one).
+EXAMPLES = sorted(
+    p for p in (REPO / "examples").rglob("*.yaml") if "kind: ElasticTrainingJob" in p.read_text().splitlines()
+)
 
 
 def _loc_path(loc: tuple[int | str, ...]) -> str:
