@@ -90,6 +90,13 @@ class KueueBed:
             },
         )
 
+    def job_at_quota(self, name: str) -> None:
+        """The flavor, queues and priority class, then job ``name`` admitted and running at the quota."""
+        self.setup()
+        self.local_queue()
+        self.etj(name)
+        self.bed.wait(f"job {name} at the quota's {QUOTA} workers", lambda: self.at(name, QUOTA), 90)
+
     def local_queue(self) -> None:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -253,10 +260,7 @@ def test_a_higher_priority_job_preempts_exactly_one_extra_which_leaves_in_place(
 ) -> None:
     kb, _ = kbed
     bed = kb.bed
-    kb.setup()
-    kb.local_queue()
-    kb.etj("a")
-    bed.wait("the job at the quota's 3 workers", lambda: kb.at("a", QUOTA), 90)
+    kb.job_at_quota("a")
     before = {p.metadata.name: p.metadata.uid for p in kb.running("a")}
     extra = next(p.metadata.name for p in kb.running("a") if p.metadata.labels[SEAT_LABEL] != "a-kueue-base")
     sent = time.monotonic()
@@ -285,10 +289,7 @@ def test_evicting_the_base_stops_the_job_and_it_comes_back_when_admitted_again(
 ) -> None:
     kb, op = kbed
     bed = kb.bed
-    kb.setup()
-    kb.local_queue()
-    kb.etj("a")
-    bed.wait("the job at the quota's 3 workers", lambda: kb.at("a", QUOTA), 90)
+    kb.job_at_quota("a")
     kb.preemptor("big", gpus=QUOTA)  # all of the quota: the base must go too
     # The stop is quick on kwok (its pods go at once), so KueueAdmitted may pass Evicted before a poll sees
     # it: the Warning Event (Kueue's reason) stays.
@@ -328,10 +329,7 @@ def test_a_restarted_operator_keeps_the_admitted_workers(kbed: tuple[KueueBed, O
     operator that planned before seeing the job's Workloads would drain every worker as seatless."""
     kb, op = kbed
     bed = kb.bed
-    kb.setup()
-    kb.local_queue()
-    kb.etj("a")
-    bed.wait("the job at the quota's 3 workers", lambda: kb.at("a", QUOTA), 90)
+    kb.job_at_quota("a")
     before = {p.metadata.name: p.metadata.uid for p in kb.running("a")}
     op.stop()
     op.start()
