@@ -67,8 +67,9 @@ def _cluster_queue(name: str, ns: str, flavors: dict[str, int]) -> dict[str, Any
     }
 
 
-def _job(name: str, queue: str, gpus: int, node_selector: dict[str, str] | None = None) -> dict[str, Any]:
-    """A plain Job of `gpus` pods of one GPU each, in `queue`; kwok runs its pods and completes them."""
+def gpu_job(name: str, queue: str, gpus: int, node_selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """A plain Job of `gpus` pods of one GPU each, in `queue`; kwok runs its pods and completes them (a
+    selector no node matches keeps them Pending, holding the quota once admitted)."""
     container = {
         "name": "main",
         "image": "registry.invalid/none:0",
@@ -149,7 +150,7 @@ def test_kueue_admits_a_job_and_keeps_one_over_quota_pending(kueue: Kueue, bed: 
         # 1. Suspended at creation by Kueue's webhook (the manifest does not ask for it), then admitted on
         #    the spot flavor (first in the ClusterQueue) and unsuspended with its node labels injected.
         started = time.monotonic()
-        first = batch.create_namespaced_job(ns, _job("first", "lq", gpus=2))
+        first = batch.create_namespaced_job(ns, gpu_job("first", "lq", gpus=2))
         assert first.spec.suspend is True, "Kueue's mutating webhook did not suspend the Job"
         cluster.wait_for("the first Job's Workload to be Admitted", lambda: admitted("first"), timeout=60)
         cluster.wait_for("the first Job to be unsuspended", lambda: not suspended("first"), timeout=30)
@@ -169,9 +170,11 @@ def test_kueue_admits_a_job_and_keeps_one_over_quota_pending(kueue: Kueue, bed: 
 
         # 2. A Job that holds all spot quota (its pods select no node, so it never finishes), and a second
         #    one that fits neither flavor while it does: that one stays suspended, its Workload Pending.
-        batch.create_namespaced_job(ns, _job("holder", "lq", gpus=2, node_selector={"etj.dev/nowhere": "x"}))
+        batch.create_namespaced_job(
+            ns, gpu_job("holder", "lq", gpus=2, node_selector={"etj.dev/nowhere": "x"})
+        )
         cluster.wait_for("the holder to be admitted", lambda: admitted("holder"), timeout=60)
-        batch.create_namespaced_job(ns, _job("over", "lq", gpus=2))
+        batch.create_namespaced_job(ns, gpu_job("over", "lq", gpus=2))
         cluster.wait_for(
             "the over-quota Workload's QuotaReserved=False",
             lambda: condition("over", "QuotaReserved").get("status") == "False",

@@ -26,6 +26,7 @@ from kubernetes import client
 
 from tests.integration.opbed import TEST_LABEL, Bed, OperatorProcess, job_manifest
 from tests.kueue.conftest import Kueue
+from tests.kueue.test_kueue_install import gpu_job
 
 pytestmark = pytest.mark.cluster
 
@@ -132,24 +133,8 @@ class KueueBed:
     def preemptor(self, name: str, gpus: int) -> None:
         """A high-priority batch/v1 Job of ``gpus`` one-GPU pods that select no node: admitted, it holds its
         quota for as long as it exists (its pods stay Pending), so the test decides when it frees."""
-        container = {"name": "main", "image": "registry.invalid/none:0", "resources": {"limits": {GPU: "1"}}}
-        body = {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": {"name": name, "labels": {QUEUE_LABEL: "lq", PRIORITY_LABEL: self.high}},
-            "spec": {
-                "parallelism": gpus,
-                "completions": gpus,
-                "backoffLimit": 0,
-                "template": {
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [container],
-                        "nodeSelector": {"etj.dev/nowhere": "x"},
-                    }
-                },
-            },
-        }
+        body = gpu_job(name, "lq", gpus, {"etj.dev/nowhere": "x"})
+        body["metadata"]["labels"][PRIORITY_LABEL] = self.high
         self.batch.create_namespaced_job(self.ns, cast(Any, body))
 
     def workloads(self) -> list[dict[str, Any]]:

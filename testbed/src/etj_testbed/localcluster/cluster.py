@@ -32,6 +32,7 @@ from etj_testbed.localcluster.components import (
     ensure_ports_free,
     ports_from_base,
     process_alive,
+    signal_group,
 )
 from etj_testbed.localcluster.errors import ClusterError
 from etj_testbed.localcluster.kueue import LocalKueue
@@ -201,13 +202,13 @@ class LocalCluster:
         order = list(reversed(list(pids.items())))
         for name, pid in order:
             if _alive(pid, name):
-                _signal_group(pid, signal.SIGTERM)
+                signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         for name, pid in order:
             while _alive(pid, name) and time.monotonic() < deadline:
                 time.sleep(0.1)
             if _alive(pid, name):
-                _signal_group(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
 
     def _log_tail(self, name: str, lines: int = 12) -> str:
         path = self.layout.logs / f"{name}.log"
@@ -296,12 +297,3 @@ def _alive(pid: int, name: str) -> bool:
     """True if `pid` runs and is still our component (guards against a recycled pid)."""
     binary = toolchain.BINARIES.get(name, name).encode()
     return process_alive(pid, lambda argv0: binary in argv0)
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        os.kill(pid, sig)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -224,3 +226,14 @@ def process_alive(pid: int, is_ours: Callable[[bytes], bool]) -> bool:
     if stat.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
     return is_ours(cmdline.split(b"\0", 1)[0])
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signal ``pid``'s process group (each component runs in a session of its own, so its children go
+    too); just ``pid`` where the group is not ours to signal, nothing where it is gone."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        os.kill(pid, sig)

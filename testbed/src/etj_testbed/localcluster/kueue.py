@@ -30,7 +30,13 @@ from typing import Any
 import yaml
 
 from etj_testbed.localcluster import kueue_build, toolchain
-from etj_testbed.localcluster.components import DEFAULT_PORT_BASE, Layout, ensure_ports_free, process_alive
+from etj_testbed.localcluster.components import (
+    DEFAULT_PORT_BASE,
+    Layout,
+    ensure_ports_free,
+    process_alive,
+    signal_group,
+)
 from etj_testbed.localcluster.crds import established
 from etj_testbed.localcluster.errors import ClusterError
 from etj_testbed.localcluster.pki import LocalPKI
@@ -204,12 +210,12 @@ class LocalKueue:
         self.unregister_webhooks()
         pid = self._state().get("pid")
         if isinstance(pid, int) and _alive(pid):
-            _signal_group(pid, signal.SIGTERM)
+            signal_group(pid, signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
             if _alive(pid):
-                _signal_group(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
         self.state_file.unlink(missing_ok=True)
 
     def unregister_webhooks(self) -> bool:
@@ -373,12 +379,3 @@ def _get(url: str) -> str | None:
 def _alive(pid: int) -> bool:
     """True if `pid` runs and is still Kueue's manager (guards against a recycled pid)."""
     return process_alive(pid, lambda argv0: argv0.endswith(b"/kueue"))
-
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        os.kill(pid, sig)
