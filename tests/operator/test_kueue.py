@@ -33,7 +33,7 @@ from etj_operator.observe.signals import Reason
 from etj_operator.observe.workloads import FlavorInfo, WorkloadInfo, flavor_info, workload_info
 from tests.operator.factories import cluster, job, observe, spec, started, status, store, worker
 
-BASE, X0, X1, X2 = "train-kueue-base", "train-kueue-x0", "train-kueue-x1", "train-kueue-x2"
+BASE, X0, X1, X2, X3 = (f"train-kueue-{s}" for s in ("base", "x0", "x1", "x2", "x3"))
 SPOT = FlavorInfo("spot", {"karpenter.sh/capacity-type": "spot"}, ({"key": "t", "operator": "Exists"},))
 FLAVORS = {"spot": SPOT}
 QUEUE = KueueJob("lq", 0)

@@ -72,6 +72,10 @@ class ConditionType(StrEnum):
     # while Kueue admits the job's base Workload; False while it waits (reason Pending, Kueue's message) or
     # after Kueue evicted it (reason Evicted).
     KUEUE_ADMITTED = "KueueAdmitted"
+    # Only on Kueue jobs whose deadline policy buys on-demand workers (docs/kueue.md, "The deadline policy
+    # asks Kueue"): False, reason QuotaExhausted, while an on-demand seat waits for quota Kueue does not have
+    # (the LocalQueue and ClusterQueue named, with Kueue's message); True, reason QuotaAvailable, otherwise.
+    ON_DEMAND_QUOTA = "OnDemandQuota"
 
 
 class StatusModel(ApiModel):

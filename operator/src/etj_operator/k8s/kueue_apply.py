@@ -41,6 +41,8 @@ async def apply_workloads(kube: KubeClient, job: JobView, result: Plan) -> None:
             count=want.count,
             priority=want.priority,
             queue=job.kueue.queue,
+            capacity=want.capacity,
+            pin=want.pin,
         )
         for want in result.create_workloads
     ]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from etj_operator.constants import LABEL_JOB
+from etj_operator.constants import LABEL_CAPACITY, LABEL_JOB
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta2"
@@ -36,6 +36,9 @@ class WorkloadInfo:
     cluster_queue: str = ""
     deleting: bool = False  # deletionTimestamp set
     uid: str = ""
+    # The etj.dev/capacity label: the capacity type the seat is pinned to ("on-demand": one of the deadline
+    # policy's on-demand seats, docs/kueue.md); "" when Kueue may pick any flavor the job allows.
+    capacity: str = ""
 
 
 def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:
@@ -45,6 +48,7 @@ def _condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any] | Non
 def workload_info(body: Mapping[str, Any]) -> WorkloadInfo:
     meta = body.get("metadata") or {}
     spec, status = body.get("spec") or {}, body.get("status") or {}
+    labels = meta.get("labels") or {}
     admitted = _condition(status, "Admitted")
     evicted = _condition(status, "Evicted")
     reserved = _condition(status, "QuotaReserved")
@@ -61,7 +65,7 @@ def workload_info(body: Mapping[str, Any]) -> WorkloadInfo:
         pending = str(reserved.get("message") or reserved.get("reason") or "")
     return WorkloadInfo(
         name=meta.get("name", ""),
-        job=(meta.get("labels") or {}).get(LABEL_JOB, ""),
+        job=labels.get(LABEL_JOB, ""),
         count=int(pod_sets[0].get("count") or 1),
         admitted=admitted is not None and admitted.get("status") == "True",
         evicted=evicted_by,
@@ -70,6 +74,7 @@ def workload_info(body: Mapping[str, Any]) -> WorkloadInfo:
         cluster_queue=str(admission.get("clusterQueue") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
         uid=meta.get("uid", ""),
+        capacity=str(labels.get(LABEL_CAPACITY) or ""),
     )
 
 

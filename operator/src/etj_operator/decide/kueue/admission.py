@@ -9,10 +9,13 @@ nodes, which workers lost their seat, and which Workloads to create or delete.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from etj_operator.api.models import CapacityType
+from etj_operator.constants import LABEL_CAPACITY_OVERRIDE
 from etj_operator.decide.objects.placement import SeatPlacement
 from etj_operator.decide.objects.workloads import BASE_SEAT, extra_index, extra_seat, workload_name
+from etj_operator.observe.nodes import CAPACITY_LABELS, DEFAULT_RULES
 from etj_operator.observe.pods import TERMINAL_PHASES, PodInfo
 from etj_operator.observe.signals import Reason
 from etj_operator.observe.workloads import FlavorInfo, WorkloadInfo
@@ -81,10 +84,14 @@ def placement(workload: WorkloadInfo, flavors: Mapping[str, FlavorInfo]) -> Seat
 
 
 def open_seats(
-    seats: Seats, survivors: Sequence[PodInfo], flavors: Mapping[str, FlavorInfo]
+    seats: Seats,
+    survivors: Sequence[PodInfo],
+    flavors: Mapping[str, FlavorInfo],
+    leaving: frozenset[str] = frozenset(),
 ) -> list[SeatPlacement]:
     """One entry per worker to create now: admitted seats with fewer workers than they were admitted
-    for (the base's ``count``, an extra's one). Only while the base is admitted: extras never run alone."""
+    for (the base's ``count``, an extra's one). Only while the base is admitted: extras never run alone.
+    ``leaving``: seats given up this round (on_demand_seats), which get no new worker."""
     if not seats.base_admitted or seats.base is None:
         return []
     have: dict[str, int] = {}
@@ -93,7 +100,7 @@ def open_seats(
             have[pod.seat] = have.get(pod.seat, 0) + 1
     out: list[SeatPlacement] = []
     for workload in (seats.base, *(w for _, w in seats.extras)):
-        if seats.live(workload.name) is not None:
+        if seats.live(workload.name) is not None and workload.name not in leaving:
             out += [placement(workload, flavors)] * max(0, workload.count - have.get(workload.name, 0))
     return out
 
@@ -119,12 +126,58 @@ def unseated(seats: Seats, survivors: Sequence[PodInfo]) -> list[tuple[PodInfo, 
 
 @dataclass(frozen=True)
 class WorkloadWant:
-    """A Workload to create: its name, pods and priority."""
+    """A Workload to create: its name, pods and priority; a pinned seat's capacity type and the node
+    labels that pin it (decide/objects/workloads.py)."""
 
     name: str
     count: int
     priority: int
     base: bool
+    capacity: CapacityType | None = None
+    pin: Mapping[str, str] = field(default_factory=dict)
+
+
+CAPACITY_KEYS = frozenset({LABEL_CAPACITY_OVERRIDE, *(key for key, _, _ in CAPACITY_LABELS)})
+
+
+def capacity_pin(flavors: Mapping[str, FlavorInfo], capacity: CapacityType) -> dict[str, str]:
+    """The node labels that keep Kueue on flavors of one capacity type: the capacity labels of the first
+    (by name) flavor whose nodeLabels are of that type; Karpenter's label when no flavor is."""
+    for name in sorted(flavors):
+        labels = flavors[name].node_labels
+        pin = {k: v for k, v in labels.items() if k in CAPACITY_KEYS}
+        if pin and DEFAULT_RULES.capacity_type(labels) == capacity:
+            return pin
+    return {"karpenter.sh/capacity-type": capacity.value}
+
+
+@dataclass(frozen=True)
+class OnDemand:
+    """What the deadline policy asks of a Kueue job's on-demand seats (docs/kueue.md, "The deadline
+    policy asks Kueue"): ``seats`` of them (extra seats pinned to on-demand flavors); the job's other new
+    extra seats are pinned to spot. ``pins``: the node labels of each capacity type's flavors."""
+
+    seats: int
+    pins: Mapping[CapacityType, Mapping[str, str]] = field(default_factory=dict)
+
+
+def on_demand_seats_of(seats: Seats) -> list[WorkloadInfo]:
+    """The job's on-demand seats that stay (not deleting, not evicted)."""
+    return [
+        w
+        for _, w in seats.extras
+        if w.capacity == CapacityType.ON_DEMAND.value and not w.deleting and w.evicted is None
+    ]
+
+
+def surplus_on_demand(seats: Seats, wanted: int, workers: Sequence[PodInfo]) -> list[WorkloadInfo]:
+    """The on-demand seats beyond ``wanted``, in the order they go: pending ones first (they hold no
+    quota), then admitted ones without a worker, then those with one, the highest index first."""
+    held = {p.seat for p in holding(workers)}
+    mine = on_demand_seats_of(seats)
+    index = {w.name: i for i, w in seats.extras}
+    order = sorted(mine, key=lambda w: (w.admitted, w.name in held, -index[w.name]))
+    return order[: max(0, len(mine) - wanted)]
 
 
 @dataclass(frozen=True)
@@ -141,6 +194,7 @@ def workload_changes(
     *,
     replicas: tuple[int, int],
     released: bool,
+    on_demand: OnDemand | None = None,
 ) -> WorkloadChanges:
     """Which Workloads to create and delete now. ``workers``: every worker pod of the job, terminating ones
     included; ``replicas``: (min, max); ``released``: the job holds no quota now (finished, failed,
@@ -150,6 +204,11 @@ def workload_changes(
     once it is admitted one extra seat per worker up to max (never before: a job whose extras were admitted
     and whose base waits would hold quota it cannot use, the gang deadlock). An evicted extra is deleted
     once its worker is gone, and queued again as a new seat under the lowest free index.
+
+    ``on_demand`` (a job whose deadline policy buys on-demand workers): that many extra seats are pinned
+    to on-demand flavors, the others to spot. Surplus on-demand seats go once no worker holds them; missing
+    ones take free room first, then the place of pending spot seats (which train nothing), never of a seat
+    with a worker.
     """
     held = holding(workers)
     all_names = sorted(seats.names)
@@ -165,18 +224,37 @@ def workload_changes(
     delete = [
         w.name for _, w in seats.extras if w.evicted is not None and w.name not in seated and not w.deleting
     ]
+    if on_demand is not None:
+        delete += [w.name for w in surplus_on_demand(seats, on_demand.seats, workers) if w.name not in seated]
     kept = [w for _, w in seats.extras if not w.deleting and w.name not in delete]
     # Fewer extras wanted (replicas.max lowered): the pending ones go first, then those without a worker.
     surplus = sorted(kept, key=lambda w: (w.admitted, w.name in seated))[: max(0, len(kept) - (high - low))]
     delete += [w.name for w in surplus if w.name not in seated]
     if not seats.base_admitted or kueue.priority is None:
         return WorkloadChanges(delete=tuple(delete))
-    missing = max(0, high - low - len(kept))
+    kept = [w for w in kept if w.name not in delete]
+    wants: list[tuple[CapacityType | None, Mapping[str, str]]] = []
+    if on_demand is not None:
+        have = sum(1 for w in kept if w.capacity == CapacityType.ON_DEMAND.value)
+        room = max(0, high - low - len(kept))
+        missing_od = max(0, on_demand.seats - have)
+        # Pending spot seats make room for on-demand ones (the autoscaler found no spot, or no quota).
+        give_way = [w for w in kept if w.capacity != CapacityType.ON_DEMAND.value and not w.admitted]
+        give_way = give_way[::-1][: max(0, missing_od - room)]
+        delete += [w.name for w in give_way]
+        kept = [w for w in kept if w not in give_way]
+        od = CapacityType.ON_DEMAND
+        wants += [(od, on_demand.pins.get(od, {}))] * min(missing_od, room + len(give_way))
+    missing = max(0, high - low - len(kept) - len(wants))
+    spot = (CapacityType.SPOT, on_demand.pins.get(CapacityType.SPOT, {})) if on_demand is not None else None
+    wants += [spot or (None, {})] * missing
     taken = seats.names
-    free = (i for i in range(len(taken) + missing + 1) if workload_name(job, extra_seat(i)) not in taken)
+    free = (i for i in range(len(taken) + len(wants) + 1) if workload_name(job, extra_seat(i)) not in taken)
     create = tuple(
-        WorkloadWant(workload_name(job, extra_seat(next(free))), 1, kueue.priority - 1, False)
-        for _ in range(missing)
+        WorkloadWant(
+            workload_name(job, extra_seat(next(free))), 1, kueue.priority - 1, False, capacity, dict(pin)
+        )
+        for capacity, pin in wants
     )
     return WorkloadChanges(create=create, delete=tuple(delete))
 

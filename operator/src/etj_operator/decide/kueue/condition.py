@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from etj_operator.api.models import Condition, ConditionType, set_condition
-from etj_operator.decide.kueue.admission import KueueJob, Seats
+from etj_operator.decide.kueue.admission import KueueJob, Seats, on_demand_seats_of
 from etj_operator.decide.types import KubeEvent
 
 
@@ -17,6 +17,8 @@ class KueueReason(StrEnum):
     EVICTED = "Evicted"
     PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
     RELEASED = "Released"  # finished, failed or suspended: the job holds no quota
+    QUOTA_EXHAUSTED = "QuotaExhausted"  # OnDemandQuota: an on-demand seat waits for quota Kueue has not
+    QUOTA_AVAILABLE = "QuotaAvailable"
 
 
 def admitted_verdict(kueue: KueueJob, seats: Seats, stopped_as: str | None) -> tuple[bool, str, str]:
@@ -56,4 +58,35 @@ def with_kueue_condition(
         events.append(KubeEvent("Warning", "KueueEvicted", message))
     elif status and not was[0]:
         events.append(KubeEvent("Normal", "KueueAdmitted", message))
+    return conds, events
+
+
+def on_demand_quota_verdict(kueue: KueueJob, seats: Seats) -> tuple[bool, str, str]:
+    """(status, reason, message) of OnDemandQuota: False while one of the deadline policy's on-demand seats
+    waits with Kueue's QuotaReserved=False (no quota left on any on-demand flavor of the queue), naming the
+    LocalQueue and the ClusterQueue behind it (the base's admission says which)."""
+    mine = on_demand_seats_of(seats)
+    base = seats.base
+    cq = base.cluster_queue if base is not None and base.cluster_queue else "(not admitted yet)"
+    where = f"LocalQueue {kueue.queue} (ClusterQueue {cq})"
+    waiting = [w for w in mine if not w.admitted and w.pending]
+    if waiting:
+        names = ", ".join(w.name for w in waiting)
+        why = f"{len(waiting)} on-demand seat(s) the deadline policy asks for wait for quota in {where}"
+        return False, KueueReason.QUOTA_EXHAUSTED, f"{why}: {names}: {waiting[0].pending}"
+    admitted = sum(1 for w in mine if w.admitted)
+    return True, KueueReason.QUOTA_AVAILABLE, f"{admitted} of {len(mine)} on-demand seats admitted in {where}"
+
+
+def with_quota_condition(
+    conditions: Sequence[Condition], verdict: tuple[bool, str, str], *, generation: int, now: datetime
+) -> tuple[list[Condition], list[KubeEvent]]:
+    """The conditions with OnDemandQuota set, and a Warning Event when the quota runs out (once, on the
+    transition)."""
+    status, reason, message = verdict
+    type_ = ConditionType.ON_DEMAND_QUOTA
+    before = next((c for c in conditions if c.type == type_), None)
+    conds = set_condition(list(conditions), type_, status, reason, message, generation=generation, now=now)
+    turned = before is None or before.reason != reason
+    events = [KubeEvent("Warning", str(reason), message)] if not status and turned else []
     return conds, events

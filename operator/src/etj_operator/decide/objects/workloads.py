@@ -8,10 +8,11 @@ preemption, which always takes whole Workloads, takes one extra worker at a time
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from etj_operator.api.models import ElasticTrainingJobSpec
-from etj_operator.constants import LABEL_JOB
+from etj_operator.api.models import CapacityType, ElasticTrainingJobSpec
+from etj_operator.constants import LABEL_CAPACITY, LABEL_JOB
 from etj_operator.decide.objects.manifests import worker_resources
 from etj_operator.decide.objects.names import labels, owner_reference
 from etj_operator.decide.objects.placement import capacity_affinity, capacity_tolerations
@@ -49,11 +50,18 @@ def workload(
     count: int,
     priority: int,
     queue: str,
+    capacity: CapacityType | None = None,
+    pin: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """One Workload of ``count`` worker pods. Its podSet's template is what Kueue judges: the requests must
     equal the worker pod's (Kueue admits a podSet only if its ClusterQueue covers every resource it
     requests), and the job's node selector, affinity and tolerations keep Kueue off flavors whose nodes the
-    workers could not use. Owned by the job, so it goes with it."""
+    workers could not use. Owned by the job, so it goes with it.
+
+    ``capacity``/``pin``: a seat of the deadline policy's (docs/kueue.md, "The deadline policy asks
+    Kueue"): labelled ``etj.dev/capacity``, its template's nodeSelector carries ``pin`` (the capacity label
+    of that type's flavors), so Kueue assigns it only a flavor of that capacity type. A nodeSelector, not
+    affinity: Kueue drops affinity terms naming keys no flavor has, and one such term matches any flavor."""
     placement = spec.placement
     types = list(placement.capacity_types)
     template: dict[str, Any] = {
@@ -61,8 +69,8 @@ def workload(
         "restartPolicy": "Never",
         "tolerations": [*capacity_tolerations(types), *(t.to_dict() for t in placement.tolerations)],
     }
-    if placement.node_selector:
-        template["nodeSelector"] = dict(placement.node_selector)
+    if selector := {**placement.node_selector, **(pin or {})}:
+        template["nodeSelector"] = selector
     if affinity := capacity_affinity(types, placement.affinity):
         template["affinity"] = affinity
     return {
@@ -71,7 +79,11 @@ def workload(
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {**labels(job, ROLE_SEAT), LABEL_JOB: job},
+            "labels": {
+                **labels(job, ROLE_SEAT),
+                LABEL_JOB: job,
+                **({LABEL_CAPACITY: capacity.value} if capacity is not None else {}),
+            },
             "ownerReferences": [owner_reference(job, uid)],
         },
         "spec": {

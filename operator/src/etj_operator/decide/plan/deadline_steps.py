@@ -35,15 +35,23 @@ def apply_deadline_policy(
 ) -> DeadlineChanges:
     """The deadline policy's on-demand workers to add and release (decide/deadline/on_demand.py), and the
     pending spot workers that give way to them. Not ``acting`` (a stopped job, or one finishing: workers
-    exited 0, the final report not read yet): nothing new starts, nothing is stopped."""
+    exited 0, the final report not read yet): nothing new starts, nothing is stopped. A Kueue job's
+    decision is only passed on: its on-demand workers are Kueue seats (kueue_steps.on_demand_seats)."""
     spec = job.spec
     spot_free = (
         free_capacity(spec, obs, frozenset({CapacityType.SPOT})).total if spec.deadline is not None else 0
     )
     cap = plan_capacity(spec, job.status, survivors, obs.nodes, spot_free, job.deadline_costs, obs.now)
-    if not acting:
+    if not acting or job.kueue is not None:
+        # Under Kueue the policy's number goes to Kueue as on-demand seats (kueue_steps.on_demand_seats):
+        # no pod is added or drained here.
         return DeadlineChanges(
-            capacity=CapacityPlan(pin_spot=cap.pin_spot, schedule=cap.schedule, workers=cap.workers)
+            capacity=CapacityPlan(
+                pin_spot=cap.pin_spot,
+                schedule=cap.schedule,
+                workers=cap.workers,
+                decision=cap.decision if acting else None,
+            )
         )
     why = cap.decision.why if cap.decision is not None else ""
     released = (

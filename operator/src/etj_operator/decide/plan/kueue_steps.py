@@ -12,10 +12,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from etj_operator.api.models import ElasticTrainingJobStatus, Phase
-from etj_operator.decide.kueue.admission import Seats, WorkloadWant, gate, open_seats, unseated
+from etj_operator.api.models import CapacityType, ElasticTrainingJobStatus, Phase
+from etj_operator.decide.deadline.on_demand import CapacityPlan, capacity_of, manages_on_demand
+from etj_operator.decide.kueue.admission import (
+    OnDemand,
+    Seats,
+    WorkloadWant,
+    capacity_pin,
+    gate,
+    on_demand_seats_of,
+    open_seats,
+    surplus_on_demand,
+    unseated,
+)
 from etj_operator.decide.kueue.admission import workload_changes as changes_of
-from etj_operator.decide.kueue.condition import admitted_verdict, with_kueue_condition
+from etj_operator.decide.kueue.condition import (
+    admitted_verdict,
+    on_demand_quota_verdict,
+    with_kueue_condition,
+    with_quota_condition,
+)
 from etj_operator.decide.objects.placement import SeatPlacement
 from etj_operator.decide.objects.workloads import BASE_SEAT, workload_name
 from etj_operator.decide.plan.model import JobView, Observed, StepResult, Verdict
@@ -65,6 +81,44 @@ def drain_unseated(
 
 
 @dataclass(frozen=True, kw_only=True)
+class OnDemandSeats(StepResult):
+    on_demand: OnDemand | None = None  # None: the job's deadline policy buys no on-demand workers
+    leaving: frozenset[str] = frozenset()  # on-demand seats given up this round: no new worker on them
+
+
+def on_demand_seats(
+    job: JobView, obs: Observed, seats: Seats, survivors: Sequence[PodInfo], capacity: CapacityPlan
+) -> OnDemandSeats:
+    """The deadline policy under Kueue (docs/kueue.md, "The deadline policy asks Kueue"): its on-demand
+    workers are extra seats pinned to on-demand flavors, so they go through the queue's quota like any
+    worker. The policy's number, less the on-demand workers the job has on other seats (a base Kueue put
+    on an on-demand flavor), is how many such seats the job holds; without a decision this round (not
+    acting, no rate yet) it keeps those it has. Workers on surplus seats leave first, in place."""
+    if job.kueue is None or not manages_on_demand(job.spec):
+        return OnDemandSeats()
+    pins = {c: capacity_pin(obs.flavors, c) for c in CapacityType}
+    mine = {w.name for w in on_demand_seats_of(seats)}
+    decision = capacity.decision
+    wanted = len(mine)
+    if decision is not None:
+        elsewhere = sum(
+            1
+            for p in survivors
+            if p.seat not in mine and p.running and capacity_of(p, obs.nodes) == CapacityType.ON_DEMAND
+        )
+        room = job.spec.replicas.max - job.spec.replicas.min
+        wanted = max(0, min(decision.on_demand - elsewhere, room))
+    leaving = frozenset(w.name for w in surplus_on_demand(seats, wanted, survivors))
+    why = decision.why if decision is not None else ""
+    drains = tuple(
+        Drain(p.name, Reason.ON_DEMAND_RELEASED, f"on-demand worker {p.name} released first ({why})", p.node)
+        for p in survivors
+        if p.seat in leaving
+    )
+    return OnDemandSeats(on_demand=OnDemand(wanted, pins), leaving=leaving, drains=drains)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SeatRefill(StepResult):
     create_workers: list[int] = field(default_factory=list)
     extra_workers: list[int] = field(default_factory=list)
@@ -73,13 +127,18 @@ class SeatRefill(StepResult):
 
 
 def seat_workers(
-    job: JobView, obs: Observed, seats: Seats, workers: Sequence[PodInfo], survivors: Sequence[PodInfo]
+    job: JobView,
+    obs: Observed,
+    seats: Seats,
+    workers: Sequence[PodInfo],
+    survivors: Sequence[PodInfo],
+    leaving: frozenset[str] = frozenset(),
 ) -> SeatRefill:
     """One new worker per admitted seat short of one (the refill under Kueue: quota, not free nodes, says
     how many), up to replicas.max; base seats first. Workers of extra seats run at the elastic-extra
-    PriorityClass, as extras do without Kueue (decide/plan/sharing.py)."""
+    PriorityClass, as extras do without Kueue (decide/plan/sharing.py). ``leaving``: seats given up."""
     room = max(0, job.spec.replicas.max - len(survivors))
-    wanted = open_seats(seats, survivors, obs.flavors)[:room]
+    wanted = open_seats(seats, survivors, obs.flavors, leaving)[:room]
     slots = free_slots(workers, len(wanted))
     placed = dict(zip(slots, wanted, strict=True))
     base = workload_name(job.name, BASE_SEAT)
@@ -95,7 +154,11 @@ class WorkloadPlan(StepResult):
 
 
 def manage_workloads(
-    job: JobView, seats: Seats, workers: Sequence[PodInfo], stop_reason: Reason | None
+    job: JobView,
+    seats: Seats,
+    workers: Sequence[PodInfo],
+    stop_reason: Reason | None,
+    on_demand: OnDemand | None = None,
 ) -> WorkloadPlan:
     """The Workloads to create and delete (decide/kueue/admission.py, workload_changes). A job taken out of
     its queue (the label removed) runs as any job and gives back what its Workloads still hold."""
@@ -109,6 +172,7 @@ def manage_workloads(
         workers,
         replicas=(spec.replicas.min, spec.replicas.max),
         released=stop_reason in RELEASING,
+        on_demand=on_demand,
     )
     return WorkloadPlan(create=done.create, delete=done.delete)
 
@@ -118,13 +182,24 @@ class KueueStatus(StepResult):
     status: ElasticTrainingJobStatus
 
 
-def kueue_status(job: JobView, seats: Seats, status: ElasticTrainingJobStatus, now: datetime) -> KueueStatus:
-    """KueueAdmitted on this round's status, and an Event when Kueue admits or evicts the job."""
+def kueue_status(
+    job: JobView,
+    seats: Seats,
+    status: ElasticTrainingJobStatus,
+    now: datetime,
+    on_demand: OnDemand | None = None,
+) -> KueueStatus:
+    """KueueAdmitted on this round's status, and an Event when Kueue admits or evicts the job; for a job
+    whose deadline policy buys on-demand seats, OnDemandQuota (QuotaExhausted while one waits for quota)."""
     if job.kueue is None:
         return KueueStatus(status=status)
     stopped = status.phase if status.phase in (Phase.SUCCEEDED, Phase.FAILED, Phase.SUSPENDED) else None
     verdict = admitted_verdict(job.kueue, seats, str(stopped) if stopped is not None else None)
     conds, events = with_kueue_condition(status.conditions, verdict, generation=job.generation, now=now)
+    if on_demand is not None and stopped is None:
+        quota = on_demand_quota_verdict(job.kueue, seats)
+        conds, more = with_quota_condition(conds, quota, generation=job.generation, now=now)
+        events += more
     out = status.model_copy()
     out.conditions = conds
     return KueueStatus(status=out, events=tuple(events))

@@ -106,12 +106,15 @@ def plan(job: JobView, obs: Observed) -> Plan:
     images = resolve_image(job)
     out.trainer_image, out.store_image = images.trainer, images.store
     acting = stop is None and not outcome.finish.awaiting_report
-    # Under Kueue the quota says how many workers run: no deadline policy, no refill by free nodes.
-    deadline = apply_deadline_policy(job, obs, survivors, acting and job.kueue is None)
+    deadline = apply_deadline_policy(job, obs, survivors, acting)
     survivors = _drained(out, survivors, deadline)
+    # Under Kueue the quota says how many workers run (no refill by free nodes), and the deadline policy's
+    # on-demand workers are seats pinned to on-demand flavors.
+    on_demand = kueue.on_demand_seats(job, obs, seats, survivors, deadline.capacity)
+    survivors = _drained(out, survivors, on_demand)
     room = LazyCapacity(spec, obs, frozenset(out.avoid_nodes))  # free capacity, computed once if needed
     if acting and images.trainer is not None and job.kueue is not None:
-        seated = kueue.seat_workers(job, obs, seats, pods.workers, survivors)
+        seated = kueue.seat_workers(job, obs, seats, pods.workers, survivors, on_demand.leaving)
         out.take(seated)
         out.create_workers, out.extra_workers = seated.create_workers, seated.extra_workers
         out.worker_seats, out.startup_workers = seated.seats, seated.startup_workers
@@ -133,10 +136,10 @@ def plan(job: JobView, obs: Observed) -> Plan:
     schedule = record_schedule(job, written.status, deadline.capacity, now)
     out.take(schedule)
     out.status = schedule.status
-    admitted = kueue.kueue_status(job, seats, out.status, now)
+    admitted = kueue.kueue_status(job, seats, out.status, now, on_demand.on_demand)
     out.take(admitted)
     out.status = admitted.status
-    workloads = kueue.manage_workloads(job, seats, pods.workers, stop)
+    workloads = kueue.manage_workloads(job, seats, pods.workers, stop, on_demand.on_demand)
     out.take(workloads)
     out.create_workloads, out.delete_workloads = list(workloads.create), list(workloads.delete)
     out.take(judge.warn_report_missing(outcome.finish, prev))
