@@ -21,10 +21,13 @@ from typing import Any, cast
 
 from kubernetes import client
 
+from etj_contract.ports import PROGRESS_PORT
+from etj_contract.progress import ProgressDoc
 from etj_operator.api.models import GROUP, PLURAL, VERSION
 from etj_operator.decide.objects.pod_env import token_secret_of
 from etj_operator.k8s.main import TOKEN_KEY_ENV
 from etj_testbed.localcluster.fake_nodes import fake_gpu_node
+from etj_trainer.core.progress import get_json, post_json
 from tests.plugins.cluster import Cluster
 
 TEST_LABEL = "etj.dev/test"
@@ -246,3 +249,25 @@ def operator_and_a_store_node(
 def running_store_ip(bed: Bed, job: str) -> str | None:
     pods = [p for p in bed.pods(job, "rendezvous") if p.status.phase == "Running"]
     return pods[0].status.pod_ip if pods and pods[0].status.pod_ip else None
+
+
+def progress_reporter(bed: Bed, job: str, *, total: int, per_worker: float) -> Callable[[int, int], None]:
+    """A function that posts rank 0's progress report to ``job``'s running store with the job's token, as
+    the trainer does: ``report(samples_done, workers_running)``, at ``per_worker`` samples/s each."""
+    bed.wait("the store process running", lambda: running_store_ip(bed, job) is not None, 180)
+    token = bed.token(job)
+    url = f"http://{running_store_ip(bed, job)}:{PROGRESS_PORT}/progress"
+    bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 60)
+
+    def report(done: int, running: int) -> None:
+        doc = ProgressDoc(
+            epoch=0,
+            step=done // 64 + 1,
+            samples_seen=done,
+            samples_total=total,
+            samples_per_second=per_worker * running,
+            world_size=running,
+        )
+        post_json(url, doc.to_json(), token=token)
+
+    return report

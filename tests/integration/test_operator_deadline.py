@@ -17,11 +17,8 @@ from typing import Any
 
 import pytest
 
-from etj_contract.ports import PROGRESS_PORT
-from etj_contract.progress import ProgressDoc
 from etj_operator.api.models import GROUP, PLURAL, VERSION
-from etj_trainer.core.progress import get_json, post_json
-from tests.integration.opbed import Bed, job_manifest, operator_and_a_store_node, running_store_ip
+from tests.integration.opbed import Bed, job_manifest, operator_and_a_store_node, progress_reporter
 from tests.plugins.cluster import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -66,21 +63,7 @@ def _scenario(bed: Bed) -> None:
     bed.custom.create_namespaced_custom_object(GROUP, VERSION, bed.ns, PLURAL, manifest)
     bed.wait("two spot workers running", lambda: len(bed.running_workers("dl")) == 2, 90)
     assert len(_pinned(bed, "dl", "spot")) == 4  # ordinary workers are pinned to spot under a deadline
-    bed.wait("the store process running", lambda: running_store_ip(bed, "dl") is not None, 180)
-    token = bed.token("dl")
-    url = f"http://{running_store_ip(bed, 'dl')}:{PROGRESS_PORT}/progress"
-    bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 60)
-
-    def report(done: int, running: int) -> None:
-        doc = ProgressDoc(
-            epoch=0,
-            step=done // 64 + 1,
-            samples_seen=done,
-            samples_total=TOTAL,
-            samples_per_second=PER_WORKER * running,
-            world_size=running,
-        )
-        post_json(url, doc.to_json(), token=token)
+    report = progress_reporter(bed, "dl", total=TOTAL, per_worker=PER_WORKER)
 
     # Nothing done yet, behind the line; 2 spot workers (500/s) are too slow for the ~2,500 s usable:
     # the policy asks for one on-demand worker; a pending spot pod gives way to it.

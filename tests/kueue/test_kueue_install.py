@@ -35,7 +35,7 @@ def bed(kueue: Kueue, kueue_namespace: str) -> Iterator[Bed]:
     b.cleanup()
 
 
-def _flavor(name: str, capacity: str, ns: str) -> dict[str, Any]:
+def flavor_body(name: str, capacity: str, ns: str) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ResourceFlavor",
@@ -47,7 +47,7 @@ def _flavor(name: str, capacity: str, ns: str) -> dict[str, Any]:
     }
 
 
-def _cluster_queue(name: str, ns: str, flavors: dict[str, int]) -> dict[str, Any]:
+def cluster_queue_body(name: str, ns: str, flavors: dict[str, int]) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "ClusterQueue",
@@ -125,9 +125,9 @@ def test_kueue_admits_a_job_and_keeps_one_over_quota_pending(kueue: Kueue, bed: 
         return bool(batch.read_namespaced_job(job, ns).spec.suspend)
 
     try:
-        create_cluster_scoped("resourceflavors", _flavor(spot, "spot", ns))
-        create_cluster_scoped("resourceflavors", _flavor(on_demand, "on-demand", ns))
-        create_cluster_scoped("clusterqueues", _cluster_queue(cq, ns, {spot: 2, on_demand: 1}))
+        create_cluster_scoped("resourceflavors", flavor_body(spot, "spot", ns))
+        create_cluster_scoped("resourceflavors", flavor_body(on_demand, "on-demand", ns))
+        create_cluster_scoped("clusterqueues", cluster_queue_body(cq, ns, {spot: 2, on_demand: 1}))
         custom.create_namespaced_custom_object(
             GROUP,
             VERSION,

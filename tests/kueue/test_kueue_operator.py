@@ -117,13 +117,14 @@ class KueueBed:
         for plural, name in reversed(self.created):
             kubectl("delete", f"{plural}.{GROUP}", name, "--wait=false", check=False)
 
-    def etj(self, name: str, *, min_workers: int = 2, max_workers: int = 4) -> None:
+    def etj(self, name: str, *, min_workers: int = 2, max_workers: int = 4, **spec: Any) -> None:
         body = job_manifest(
             name,
             self.ns,
             min_workers=min_workers,
             max_workers=max_workers,
             failurePolicy={"maxFailures": 0, "countInterruptions": True},  # a preemption must count as none
+            **spec,
         )
         body["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
         self.bed.custom.create_namespaced_custom_object(
