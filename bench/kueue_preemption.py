@@ -56,6 +56,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: bench/ is sys.path[0], the repository is not
     sys.path.insert(0, str(REPO))
 
+from bench.resize_pause import _joined_at  # noqa: E402
+
 JSON = dict[str, Any]
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 QUEUE_LABEL, PRIORITY_LABEL = "kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class"
@@ -147,10 +149,37 @@ def etj_report(history: Sequence[JSON], *, preempted_at: float, freed_at: float,
     return {"shrink": part(shrink, preempted_at), "grow": part(grow, freed_at), "failures": failures}
 
 
+def proclet_started_at(log: Path) -> float | None:
+    """When the process harness started a pod's process: its log's first line, ``--- proclet: start [...]
+    at 2026-01-01T12:00:00Z``."""
+    from datetime import datetime
+
+    first = log.read_text(errors="replace").split("\n", 1)[0] if log.exists() else ""
+    if not first.startswith("--- proclet: start ") or " at " not in first:
+        return None
+    return datetime.fromisoformat(first.rsplit(" at ", 1)[1].replace("Z", "+00:00")).timestamp()
+
+
+def rejoin_parts(pod_dirs: Sequence[Path], freed_at: float) -> JSON:
+    """Where the rejoin's time goes, from the newest worker pod started after the quota freed: Kueue's
+    admission and the operator's pod (-> the process started), the new worker's own start-up (imports:
+    -> it starts to join, etj-train prints it), then the in-place join (status.resizeHistory)."""
+    for log in sorted((d / "trainer.log" for d in pod_dirs), key=lambda f: proclet_started_at(f) or 0.0):
+        started = proclet_started_at(log)
+        if started is not None and started >= freed_at - 1:  # its ISO time has whole seconds
+            joined = _joined_at(log)
+            return {
+                "process_started_s": round(started - freed_at, 2),
+                "joining_s": round(joined - freed_at, 2) if joined else None,
+            }
+    return {}
+
+
 def table(report: JSON) -> str:
     """The markdown table of docs/kueue.md."""
     e, b = report["etj"], report["baseline"]
     shrink, grow, lost = e["shrink"], e["grow"], b.get("evicted", {})
+    # The baseline's pods are a loop without imports: its restart is a lower bound of a real trainer's.
     rows = [
         ("preemptor created -> its pod Running (s)", e["preemptor_running_s"], b["preemptor_running_s"]),
         ("the job's workers while the preemptor runs", WORKERS - 1, 0),
@@ -167,6 +196,16 @@ def table(report: JSON) -> str:
         ),
         ("failures counted", e["failures"], b.get("failed_pods")),
         ("quota freed -> training at 3 workers again (s)", grow.get("world_at_s"), lost.get("restart_s")),
+        (
+            "of which: Kueue's admission and the operator's pod -> the new worker's process started (s)",
+            e.get("rejoin", {}).get("process_started_s"),
+            lost.get("pods_started_after_freed_s"),
+        ),
+        (
+            "of which: -> the new worker starts to join, its imports done (s)",
+            e.get("rejoin", {}).get("joining_s"),
+            "-",
+        ),
         ("training pause at the rejoin (s)", grow.get("pause_s"), "-"),
     ]
     head = "| | etj (2..3 workers) | batch/v1 Job, parallelism 3 |\n|---|---|---|\n"
@@ -349,6 +388,8 @@ def etj_arm(bed: Bed, hold: float) -> JSON:
             failures=st.get("failures") or 0,
         )
     )
+    pods = bed.demo.run_dir / "proclet" / "pods" / NAMESPACE
+    out["rejoin"] = rejoin_parts(list(pods.glob(f"{bed.demo.name}-worker-*")), bed.marks["freed"])
     out["step_seconds"] = (st.get("progress") or {}).get("stepSeconds")
     out["checkpoint_interval_steps"] = ((bed.demo.job().get("spec") or {}).get("checkpoint") or {}).get(
         "intervalSteps"

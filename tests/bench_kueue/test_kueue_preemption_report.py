@@ -9,7 +9,16 @@ import time
 from pathlib import Path
 
 import pytest
-from bench.kueue_preemption import BASELINE_LOOP, StepLine, baseline_report, etj_report, parse_steps, table
+from bench.kueue_preemption import (
+    BASELINE_LOOP,
+    StepLine,
+    baseline_report,
+    etj_report,
+    parse_steps,
+    proclet_started_at,
+    rejoin_parts,
+    table,
+)
 
 LOG = """100.0 start 0
 100.5 step 1
@@ -113,3 +122,17 @@ def test_the_baseline_loop_steps_checkpoints_and_resumes(tmp_path: Path) -> None
     starts = [x.step for x in lines if x.kind == "start"]
     assert starts[0] == 0 and starts[1] >= 5 and starts[1] % 5 == 0, starts
     assert int((tmp_path / "checkpoint").read_text()) % 5 == 0
+
+
+def test_the_rejoin_is_split_at_the_new_workers_process_start_and_its_join(tmp_path: Path) -> None:
+    old, new = tmp_path / "demo-cpu-worker-2-aaaa", tmp_path / "demo-cpu-worker-2-bbbb"
+    for d, start in ((old, "2026-11-29T13:30:15Z"), (new, "2026-11-29T13:32:17Z")):
+        d.mkdir()
+        (d / "trainer.log").write_text(f"--- proclet: start ['etj-train', 'worker'] at {start}\n")
+    with (new / "trainer.log").open("a") as f:
+        f.write("etj-train worker: joining the running world in place at 1795959178.203\n")
+    started = proclet_started_at(new / "trainer.log")
+    assert started == 1795959137.0
+    assert rejoin_parts([old, new], freed_at=1795959135.5) == {"process_started_s": 1.5, "joining_s": 42.7}
+    assert rejoin_parts([old], freed_at=1795959135.5) == {}
+    assert proclet_started_at(tmp_path / "none.log") is None
