@@ -43,6 +43,7 @@ def test_a_kwok_node_renews_its_lease_without_rewriting_the_node(bed: Bed) -> No
     after = cast(Any, bed.core.read_node(name))
     assert after.metadata.resource_version == node.metadata.resource_version, _writers(after)
 
+
 def _settled(node: Any) -> bool:
     ready = any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
     tainted = any(t.key == "node.kubernetes.io/not-ready" for t in (node.spec.taints or []))
