@@ -435,6 +435,21 @@ nodes:
 EOF
 }
 
+# Every kind node's kubelet and kube-proxy take inotify instances from the host's one per-user limit: with two
+# clusters on a machine, Debian's default of 128 ran out and kube-proxy crash-looped on the workers ("too many
+# open files"), so their pods reached no Service. kind's known-issues page raises the limit the same way.
+INOTIFY_INSTANCES=512
+ensure_inotify() {
+  local now
+  now=$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null) || return 0
+  [ "$now" -ge "$INOTIFY_INSTANCES" ] && return 0
+  if [ "$(id -u)" = 0 ] && sysctl -qw "fs.inotify.max_user_instances=$INOTIFY_INSTANCES"; then
+    step "fs.inotify.max_user_instances $now -> $INOTIFY_INSTANCES (kube-proxy runs out beside another cluster)"
+  else
+    step "warning: fs.inotify.max_user_instances is $now; beside another kind cluster kube-proxy may run out"
+  fi
+}
+
 ensure_cluster() {
   mkdir -p "$SHARED_DIR" && chmod 1777 "$SHARED_DIR"
   if "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
@@ -765,6 +780,7 @@ case "$cmd" in
     ensure_kind
     ensure_node_image
     [ "$cmd" = node-image ] && { echo "$NODE_IMAGE"; exit 0; }
+    ensure_inotify
     ensure_cluster
     load_images
     step "cluster $CLUSTER ready; export KUBECONFIG=$KUBECONFIG_OUT"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -172,6 +172,17 @@ def _condition(run: RunningJob, type_: str) -> JSON:
     return next((c for c in run.status().get("conditions") or [] if c["type"] == type_), {})
 
 
+def _training(run: RunningJob, what: str, predicate: Callable[[], object], timeout: float = 600) -> Any:
+    """``run.wait``, failing at once if the job ends first (what the test waits for can no longer come)."""
+
+    def check() -> object:
+        phase = (run.status() or {}).get("phase")
+        assert phase not in ("Succeeded", "Failed"), f"the job {phase} while waiting for {what}"
+        return predicate()
+
+    return run.wait(what, check, timeout)
+
+
 def _preemptor_pod(run: RunningJob) -> str | None:
     pods: list[Any] = run.bed.pods(run.ns, "job-name=preemptor")
     running = [p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase") == "Running"]
@@ -185,7 +196,7 @@ def test_kueue_preemption_shrinks_the_job_in_place_and_freed_quota_grows_it_back
     job["spec"]["failurePolicy"] = {"maxFailures": 3, "countInterruptions": True}
     with running_job(kueue, "kueue", job, EPOCHS) as run, queues(kueue, run.ns) as q:
         t0 = time.monotonic()
-        run.wait("the job admitted and training at 2 workers", lambda: run.training_workers(2, 3))
+        _training(run, "the job admitted and training at 2 workers", lambda: run.training_workers(2, 3))
         admitted_s = time.monotonic() - t0
         assert _condition(run, "KueueAdmitted").get("status") == "True", run.status().get("conditions")
         before = _workers(run)
@@ -196,9 +207,9 @@ def test_kueue_preemption_shrinks_the_job_in_place_and_freed_quota_grows_it_back
 
         sent = time.monotonic()
         q.preemptor("preemptor", kueue.trainer_image)
-        run.wait("the job shrunk to 1 worker in place", lambda: run.training_workers(1, 0), 300)
+        _training(run, "the job shrunk to 1 worker in place", lambda: run.training_workers(1, 0), 300)
         shrink_s = time.monotonic() - sent
-        pod = run.wait("the preemptor's pod running", lambda: _preemptor_pod(run), 300)
+        pod = _training(run, "the preemptor's pod running", lambda: _preemptor_pod(run), 300)
         assert q.job_workload_admitted("preemptor")
         now = _workers(run)
         assert list(now) == base, (list(before), list(now))
@@ -209,12 +220,12 @@ def test_kueue_preemption_shrinks_the_job_in_place_and_freed_quota_grows_it_back
         reasons = [r.get("reason") for r in status.get("resizeHistory") or []]
         assert "KueuePreempted" in reasons, status.get("resizeHistory")
         step = run.step()
-        run.wait("training going on at 1 worker", lambda: run.step() > step + 2, 300)
+        _training(run, "training going on at 1 worker", lambda: run.step() > step + 2, 300)
 
         out = kubectl(kueue, "exec", "-n", run.ns, pod, "--", "touch", DONE, timeout=120)
         assert out.returncode == 0, out.stderr
         freed = time.monotonic()
-        run.wait("the job grown back to 2 workers", lambda: run.training_workers(2, 0), 600)
+        _training(run, "the job grown back to 2 workers", lambda: run.training_workers(2, 0), 600)
         regrow_s = time.monotonic() - freed
         after = _workers(run)
         assert after[base[0]]["metadata"]["uid"] == survivor["metadata"]["uid"]
