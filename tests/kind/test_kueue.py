@@ -41,8 +41,10 @@ MANAGED_LABEL = ("etj.dev/kueue", "enabled")  # scripts/kind/kueue/values.yaml's
 GPU = "nvidia.com/gpu"
 WORKER = {GPU: "1", "cpu": "500m", "memory": "1Gi"}  # examples/demo-cpu.yaml's worker
 QUOTA = {GPU: "2", "cpu": "1", "memory": "2Gi"}  # two workers
-EPOCHS = 10
-MIN_STEP_S = 0.4
+# Long enough for every phase on a loaded 2-core machine, where a worker's start and join took up to 100 s:
+# two runs of 10 epochs at 0.4 s a step ended before the job grew back.
+EPOCHS = 16
+MIN_STEP_S = 1.0
 KINDS = {
     "resourceflavors": "ResourceFlavor",
     "clusterqueues": "ClusterQueue",
@@ -189,6 +191,7 @@ def _preemptor_pod(run: RunningJob) -> str | None:
     return running[0] if running else None
 
 
+@pytest.mark.timeout(1800)
 def test_kueue_preemption_shrinks_the_job_in_place_and_freed_quota_grows_it_back(kueue: KindBed) -> None:
     job = two_worker_job(EPOCHS, MIN_STEP_S, spot_only=True)
     job["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
