@@ -42,7 +42,7 @@ GPU = "nvidia.com/gpu"
 WORKER = {GPU: "1", "cpu": "500m", "memory": "1Gi"}  # examples/demo-cpu.yaml's worker
 QUOTA = {GPU: "2", "cpu": "1", "memory": "2Gi"}  # two workers
 # Long enough for every phase on a loaded 2-core machine, where a worker's start and join took up to 100 s:
-# two runs of 10 epochs at 0.4 s a step ended before the job grew back.
+# a run of 10 epochs at 0.4 s a step ended before the job grew back.
 EPOCHS = 16
 MIN_STEP_S = 1.0
 KINDS = {
