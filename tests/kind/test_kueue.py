@@ -21,6 +21,7 @@ wait; without the seat drain the preemptor would never be admitted (the extra's 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,7 +33,25 @@ from etj_testbed.localcluster.proclet.kube import MERGE
 from tests.kind.conftest import kind_script
 from tests.kind.kindbed import JSON, KindBed, RunningJob, exactly_once, kubectl, running_job, two_worker_job
 
-pytestmark = [pytest.mark.slow, pytest.mark.kind, pytest.mark.kind_full]
+
+def _why_no_kueue() -> str | None:
+    """As tests/kueue: `make setup` (so `make e2e-kind`) builds Kueue unless ETJ_KUEUE=0; a cold build in the
+    test would take most of its time limit."""
+    from etj_testbed.localcluster import kueue_build
+
+    if os.environ.get("ETJ_KUEUE") == "0":
+        return "ETJ_KUEUE=0"
+    if not kueue_build.is_built():
+        return "Kueue is not built: `make setup` or `etj kueue build` builds it (docs/kueue.md)"
+    return None
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.kind,
+    pytest.mark.kind_full,
+    pytest.mark.skipif(_why_no_kueue() is not None, reason=f"kueue: {_why_no_kueue()}"),
+]
 
 KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
 QUEUE_LABEL, PRIORITY_LABEL = "kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class"
