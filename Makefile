@@ -1,5 +1,5 @@
 # The two commands of the README quick start. Both set everything up first (idempotent, cached).
-.PHONY: setup demo test lint crds kind kind-install demo-kind e2e-kind kind-down release
+.PHONY: setup demo test lint crds kind kind-install kind-kueue demo-kind e2e-kind kind-down release
 
 setup:
 	./scripts/setup.sh
@@ -28,6 +28,11 @@ kind:
 # helm install of charts/etj into that cluster with the local operator image.
 kind-install: kind
 	./scripts/kind.sh install
+
+# Kueue v0.17.0 on the kind cluster (its image built offline, its own chart) and the operator with
+# kueue.enabled (docs/kueue.md, "Kueue on kind"). `setup` builds Kueue's binary.
+kind-kueue: setup kind
+	./scripts/kind.sh kueue
 
 # The demo (`make demo`'s script, live table, timeline, accuracy against a fixed-size run) on kind.
 demo-kind: setup kind-install

@@ -435,6 +435,21 @@ nodes:
 EOF
 }
 
+# Every kind node's kubelet and kube-proxy take inotify instances from the host's one per-user limit: with two
+# clusters on a machine, Debian's default of 128 ran out and kube-proxy crash-looped on the workers ("too many
+# open files"), so their pods reached no Service. kind's known-issues page raises the limit the same way.
+INOTIFY_INSTANCES=512
+ensure_inotify() {
+  local now
+  now=$(cat /proc/sys/fs/inotify/max_user_instances 2>/dev/null) || return 0
+  [ "$now" -ge "$INOTIFY_INSTANCES" ] && return 0
+  if [ "$(id -u)" = 0 ] && sysctl -qw "fs.inotify.max_user_instances=$INOTIFY_INSTANCES"; then
+    step "fs.inotify.max_user_instances $now -> $INOTIFY_INSTANCES (kube-proxy runs out beside another cluster)"
+  else
+    step "warning: fs.inotify.max_user_instances is $now; beside another kind cluster kube-proxy may run out"
+  fi
+}
+
 ensure_cluster() {
   mkdir -p "$SHARED_DIR" && chmod 1777 "$SHARED_DIR"
   if "$KIND" get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
@@ -514,39 +529,42 @@ for m in $manifests; do
 done
 crictl inspecti -q "$img" >/dev/null'
 load_images() {
-  local workers img n id t0 src
+  local img
   ensure_registry
   local images=("$OPERATOR_IMAGE" "$TRAINER_IMAGE")
   have_image "$STORE_IMAGE" && images+=("$STORE_IMAGE")   # not built: the stores run the trainer image
+  local all workers
+  mapfile -t all < <("$KIND" get nodes --name "$CLUSTER" | sort)
+  mapfile -t workers < <("$KIND" get nodes --name "$CLUSTER" | grep -v control-plane | sort)
   for img in "${images[@]}"; do
     # The operator runs on the control plane (scripts/kind/operator-values.yaml), the trainer on the workers.
-    if [ "$img" = "$OPERATOR_IMAGE" ]; then
-      workers=$("$KIND" get nodes --name "$CLUSTER" | sort)
-    else
-      workers=$("$KIND" get nodes --name "$CLUSTER" | grep -v control-plane | sort)
+    if [ "$img" = "$OPERATOR_IMAGE" ]; then load_image "$img" "${all[@]}"; else load_image "$img" "${workers[@]}"; fi
+  done
+}
+# load_image IMAGE NODE...: IMAGE onto each NODE that lacks it, through the registry.
+load_image() {
+  local img=$1 n id t0 src pushed=""
+  shift
+  id=$(docker image inspect -f '{{.Id}}' "$img")
+  src="${img#*/}" && src="${src//\//-}"   # ghcr.io/etj-dev/etj-trainer:dev-cpu -> etj-dev-etj-trainer:dev-cpu
+  for n in "$@"; do
+    if docker exec "$n" crictl inspecti -q "$img" 2>/dev/null | grep -q "${id#sha256:}"; then
+      step "$img already on $n"
+      continue
     fi
-    id=$(docker image inspect -f '{{.Id}}' "$img")
-    src="${img#*/}" && src="${src//\//-}"   # ghcr.io/etj-dev/etj-trainer:dev-cpu -> etj-dev-etj-trainer:dev-cpu
-    local pushed=""
-    for n in $workers; do
-      if docker exec "$n" crictl inspecti -q "$img" 2>/dev/null | grep -q "${id#sha256:}"; then
-        step "$img already on $n"
-        continue
-      fi
-      if [ -z "$pushed" ]; then
-        t0=$SECONDS
-        step "docker push $img to the kind registry (only layers it lacks)"
-        docker tag "$img" "127.0.0.1:$REGISTRY_HOST_PORT/$src"
-        docker push -q "127.0.0.1:$REGISTRY_HOST_PORT/$src" >/dev/null || die "docker push $img failed"
-        step "docker push ... $((SECONDS - t0)) s"
-        pushed=1
-      fi
+    if [ -z "$pushed" ]; then
       t0=$SECONDS
-      step "pulling $img into $n (only layers it lacks)"
-      docker exec "$n" bash -c "$NODE_PULL_SCRIPT" pull "$REGISTRY_NAME:5000/$src" "$img" \
-        || die "pulling $img into $n failed"
-      step "pulling $img into $n ... $((SECONDS - t0)) s"
-    done
+      step "docker push $img to the kind registry (only layers it lacks)"
+      docker tag "$img" "127.0.0.1:$REGISTRY_HOST_PORT/$src"
+      docker push -q "127.0.0.1:$REGISTRY_HOST_PORT/$src" >/dev/null || die "docker push $img failed"
+      step "docker push ... $((SECONDS - t0)) s"
+      pushed=1
+    fi
+    t0=$SECONDS
+    step "pulling $img into $n (only layers it lacks)"
+    docker exec "$n" bash -c "$NODE_PULL_SCRIPT" pull "$REGISTRY_NAME:5000/$src" "$img" \
+      || die "pulling $img into $n failed"
+    step "pulling $img into $n ... $((SECONDS - t0)) s"
   done
 }
 
@@ -573,15 +591,88 @@ install_chart() {
   # The store image where it was built (ensure_store_image): the operator's default for the jobs' stores.
   local store=""
   have_image "$STORE_IMAGE" && store=$STORE_IMAGE
-  step "helm upgrade --install $RELEASE charts/etj (image $OPERATOR_IMAGE, pullPolicy Never, trainer $TRAINER_IMAGE, store ${store:-the trainer image})"
+  # With Kueue installed (`scripts/kind.sh kueue`), the operator admits labelled jobs through it.
+  local kueue=false
+  kueue_installed && kueue=true
+  step "helm upgrade --install $RELEASE charts/etj (image $OPERATOR_IMAGE, pullPolicy Never, trainer $TRAINER_IMAGE, store ${store:-the trainer image}, kueue.enabled=$kueue)"
   helm upgrade --install "$RELEASE" "$ROOT/charts/etj" --namespace "$RELEASE_NAMESPACE" \
     --set image.repository="$repo" --set image.tag="$tag" --set image.pullPolicy=Never \
     --set trainer.image="$TRAINER_IMAGE" --set trainer.storeImage="$store" --values "$KIND_DIR/operator-values.yaml" \
+    --set kueue.enabled="$kueue" \
     --set-string podAnnotations.etj\\.dev/image-id="$(docker image inspect -f '{{.Id}}' "$OPERATOR_IMAGE" | cut -c8-19)" \
     --wait --timeout 5m >&2
   kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
   kubectl -n "$RELEASE_NAMESPACE" get pods -o wide >&2
   step "helm install ... $((SECONDS - t0)) s"
+}
+# ---------------------------------------------------------------------------------------------------- Kueue
+# Kueue on kind, offline (docs/kueue.md, "Kueue on kind"): the controller `etj kueue build` makes from the
+# sigs.k8s.io/kueue module (the bed's binary) on the Debian base, pushed through the registry to the control
+# plane, and Kueue's own chart from the same module rendered with scripts/kind/kueue/values.yaml: its CRDs,
+# RBAC, the kueue-system Deployment and Configuration, the webhook Service and webhook configurations, whose
+# certificate Kueue's own certificate controller makes (internalCertManagement). Idempotent: server-side apply.
+KUEUE_VERSION=v0.17.0            # testbed/src/etj_testbed/localcluster/kueue_build.py's KUEUE_VERSION
+KUEUE_NAMESPACE="kueue-system"
+KUEUE_RELEASE=kueue              # Kueue's certificate controller looks for the chart's default names (kueue-*)
+KUEUE_DEPLOYMENT=$KUEUE_RELEASE-controller-manager
+kueue_installed() { kubectl -n "$KUEUE_NAMESPACE" get deployment "$KUEUE_DEPLOYMENT" >/dev/null 2>&1; }
+ensure_kueue_image() {
+  local bin ctx="$KCACHE/ctx/kueue"
+  step "etj kueue build: Kueue $KUEUE_VERSION's controller from its Go module (cached; cold ~10-20 min: docs/kueue.md)"
+  bin=$("$ROOT/.venv/bin/etj" kueue build | tail -1) && [ -x "$bin" ] || die "etj kueue build failed"
+  KUEUE_IMAGE=etj.local/kueue:$KUEUE_VERSION-$(hash_of "$bin" "$KIND_DIR/kueue/Dockerfile")
+  have_image "$KUEUE_IMAGE" && return 0
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  cp "$KIND_DIR/kueue/Dockerfile" "$bin" "$ctx/"
+  build_image "$KUEUE_IMAGE" "$ctx" --build-arg "BASE_IMAGE=$BASE_IMAGE"
+}
+# Kueue's chart in the module cache (fetched through GOPROXY if absent, like kind's own module).
+kueue_chart() {
+  local dir
+  dir=$(cd "$KCACHE" && GOFLAGS=-mod=mod go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" \
+        | sed -n 's/.*"Dir": "\(.*\)",/\1/p')
+  [ -f "$dir/charts/kueue/Chart.yaml" ] || die "Kueue's chart is not in sigs.k8s.io/kueue@$KUEUE_VERSION ($dir)"
+  echo "$dir/charts/kueue"
+}
+# The chart's templates, rendered with the local image, less what is off here: the visibility API (its
+# APIService would have no server: the VisibilityOnDemand gate is off in the values), KueueViz, Prometheus,
+# cert-manager and the disabled PodDisruptionBudget.
+render_kueue() {
+  local chart=$1 show=() t
+  for t in "$chart"/templates/*/*.yaml; do
+    t=${t#"$chart"/}
+    case $t in
+      templates/visibility/* | templates/visibility-apf/* | templates/kueueviz/* | templates/prometheus/* \
+        | templates/certmanager/* | templates/manager/manager-pdb.yaml) continue ;;
+    esac
+    show+=(--show-only "$t")
+  done
+  helm template "$KUEUE_RELEASE" "$chart" --namespace "$KUEUE_NAMESPACE" --values "$KIND_DIR/kueue/values.yaml" \
+    --set controllerManager.manager.image.repository="${KUEUE_IMAGE%:*}" \
+    --set controllerManager.manager.image.tag="${KUEUE_IMAGE##*:}" "${show[@]}"
+}
+KUEUE_PROBE='{"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "etj-kind-probe"}}'
+install_kueue() {
+  local t0=$SECONDS manifest="$KCACHE/kueue-$CLUSTER.yaml" control_plane
+  control_plane=$("$KIND" get nodes --name "$CLUSTER" | grep control-plane)
+  load_image "$KUEUE_IMAGE" "$control_plane"
+  render_kueue "$(kueue_chart)" >"$manifest"
+  kubectl get namespace "$KUEUE_NAMESPACE" >/dev/null 2>&1 || kubectl create namespace "$KUEUE_NAMESPACE" >&2
+  step "kubectl apply --server-side Kueue $KUEUE_VERSION ($(grep -c '^kind:' "$manifest") objects, image $KUEUE_IMAGE; $manifest)"
+  kubectl apply --server-side --force-conflicts --field-manager=etj-kind -f "$manifest" >/dev/null
+  local crds
+  mapfile -t crds < <(sed -n 's/^  name: \(.*\.kueue\.x-k8s\.io\)$/crd\/\1/p' "$manifest")
+  kubectl wait --for=condition=Established --timeout=120s "${crds[@]}" >/dev/null
+  kubectl -n "$KUEUE_NAMESPACE" rollout status "deployment/$KUEUE_DEPLOYMENT" --timeout=300s >&2
+  # Ready once its webhooks answer through the Service with the certificate Kueue made: a server-side dry
+  # run of a ResourceFlavor goes through its mutating and validating webhooks.
+  local i
+  for i in $(seq 1 90); do
+    echo "$KUEUE_PROBE" | kubectl create --dry-run=server -f - >/dev/null 2>"$KCACHE/kueue-probe.err" && break
+    [ "$i" = 90 ] && die "Kueue's webhooks did not answer: $(cat "$KCACHE/kueue-probe.err")"
+    sleep 2
+  done
+  step "Kueue $KUEUE_VERSION installed ... $((SECONDS - t0)) s"
 }
 # What `e2e` runs the suites with: the whole kind suite, and tests/e2e in its installed mode on this cluster
 # (tests/e2e/e2econfig.py reads these), with the loaded CPU image (never pulled) and the shared directory.
@@ -606,6 +697,19 @@ local cmd=${1:-up}
 case "$cmd" in
   install)
     tools_env
+    install_chart
+    advertise_gpus
+    ;;
+  kueue)
+    # Kueue on the cluster `up` made (docs/kueue.md, "Kueue on kind"), then the chart again: the operator
+    # with kueue.enabled. Idempotent.
+    lock
+    ensure_packages
+    ensure_dockerd
+    ensure_base_images
+    ensure_kueue_image
+    tools_env
+    install_kueue
     install_chart
     advertise_gpus
     ;;
@@ -676,6 +780,7 @@ case "$cmd" in
     ensure_kind
     ensure_node_image
     [ "$cmd" = node-image ] && { echo "$NODE_IMAGE"; exit 0; }
+    ensure_inotify
     ensure_cluster
     load_images
     step "cluster $CLUSTER ready; export KUBECONFIG=$KUBECONFIG_OUT"
@@ -684,7 +789,7 @@ case "$cmd" in
   down)
     [ -x "$KIND" ] && "$KIND" delete cluster --name "$CLUSTER" >&2
     ;;
-  *) die "usage: $0 [up|docker|base|images|store-image|cuda-image|node-image|install|demo|e2e|config|env|down]" ;;
+  *) die "usage: $0 [up|docker|base|images|store-image|cuda-image|node-image|install|kueue|demo|e2e|config|env|down]" ;;
 esac
 }
 main "$@"; exit

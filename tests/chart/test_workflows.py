@@ -127,6 +127,32 @@ def test_the_chart_is_installed_with_the_loaded_images_under_restricted_pod_secu
         assert setting in install, setting
 
 
+def test_kind_kueue_runs_only_what_etj_needs_where_the_tests_label_it() -> None:
+    """`scripts/kind.sh kueue` (docs/kueue.md, "Kueue on kind"): Kueue's chart with only the Job and Pod
+    integrations, its own webhook certificates, no visibility API, job management scoped to the label the
+    bed's and the kind test's namespaces carry; `install` turns the operator's kueue.enabled on with it."""
+    from tests.kind.test_kueue import MANAGED_LABEL
+    from tests.kueue.conftest import KUEUE_LABEL
+
+    values = yaml.safe_load((REPO / "scripts" / "kind" / "kueue" / "values.yaml").read_text())
+    config = yaml.safe_load(values["managerConfig"]["controllerManagerConfigYaml"])
+    assert config["integrations"]["frameworks"] == ["batch/job", "pod"]
+    assert config["internalCertManagement"] == {"enable": True}
+    assert config["manageJobsWithoutQueueName"] is False
+    label = config["managedJobsNamespaceSelector"]["matchLabels"]
+    assert label == dict([MANAGED_LABEL]) == dict([KUEUE_LABEL.split("=")])
+    gates = {g["name"]: g["enabled"] for g in values["controllerManager"]["featureGates"]}
+    assert gates["VisibilityOnDemand"] is False
+    assert values["controllerManager"]["manager"]["image"]["pullPolicy"] == "Never"
+    script = KIND_SH.read_text()
+    render = script[script.index("render_kueue() {") :]
+    render = render[: render.index("\n}\n")]
+    assert "templates/visibility/*" in render  # its APIService would have no server with the gate off
+    install = script[script.index("install_chart() {") :]
+    install = install[: install.index("\n}\n")]
+    assert "kueue_installed && kueue=true" in install and 'kueue.enabled="$kueue"' in install
+
+
 def test_kind_config_has_cpu_workers_in_both_capacity_types_sharing_the_e2e_directory() -> None:
     config = yaml.safe_load(kind_sh("config"))
     assert config["kind"] == "Cluster" and config["apiVersion"] == "kind.x-k8s.io/v1alpha4"

@@ -47,8 +47,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="kind: the full suite runs under `make e2e-kind`"))
 
 
-def _script(command: str, log: Path) -> str:
-    """Run `scripts/kind.sh COMMAND`; its progress goes to ``log``; returns its stdout."""
+def kind_script(command: str, log: Path | None = None) -> str:
+    """Run `scripts/kind.sh COMMAND`; its progress goes to ``log`` (default: the kind cache's
+    logs/pytest-kind.log); returns its stdout."""
+    log = log or _log()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as err:
         done = subprocess.run(
@@ -60,13 +62,16 @@ def _script(command: str, log: Path) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="session")
-def kind() -> Iterator[KindBed]:
+def _log() -> Path:
     from etj_testbed.localcluster.toolchain import cache_root
 
-    log = cache_root() / "kind" / "logs" / "pytest-kind.log"
-    kubeconfig = Path(_script("up", log).strip().splitlines()[-1])
-    _script("install", log)
+    return cache_root() / "kind" / "logs" / "pytest-kind.log"
+
+
+@pytest.fixture(scope="session")
+def kind() -> Iterator[KindBed]:
+    kubeconfig = Path(kind_script("up").strip().splitlines()[-1])
+    kind_script("install")
     bed = KindBed.connect(kubeconfig)
     try:
         yield bed
