@@ -10,6 +10,8 @@ one sample and some ranks' shares are empty. Equal means within the DDP proofs' 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import pickle
 import shutil
@@ -44,7 +46,7 @@ from etj_trainer.checkpoint import sharded
 from etj_trainer.checkpoint.store import CheckpointNotDurable, encode, load_latest
 from etj_trainer.config import Parallelism, TrainConfig
 from etj_trainer.core.sample_log import consumed_per_epoch
-from etj_trainer.core.stopping import StopCode
+from etj_trainer.core.stopping import StopCode, training_done
 
 N, GLOBAL, EPOCHS = 49, 16, 2
 STEPS = 2 * 4  # 49 samples in steps of 16: 3 full steps and one of 1, per epoch
@@ -520,9 +522,9 @@ def test_a_sharded_job_resizes_through_the_restart_path_exactly_once_and_equal(
     _close(mine, dict(ddp.state["model"]))
 
 
-def _one_process(cfg: TrainConfig) -> elastic.Job:
+def _one_process(cfg: TrainConfig, stop: elastic.StopFlag | None = None) -> elastic.Job:
     data = Points()
-    job = elastic.Job(N, cfg, stop=elastic.StopFlag())
+    job = elastic.Job(N, cfg, stop=stop or elastic.StopFlag())
     model = job.setup_model(_net(), shard=(torch.nn.Linear,))
     job.setup_dynamic_sgd(model.parameters())
     for step in job.steps():
@@ -567,3 +569,33 @@ def test_one_process_resumes_from_its_sharded_checkpoint(tmp_path: Path) -> None
     sharded.load(tmp_path / "a" / "dcp-000000004", {"model": a})
     sharded.load(tmp_path / "b" / "dcp-000000004", {"model": b})
     _close(a, b, rtol=0)
+
+
+def _results(text: str) -> list[dict[str, Any]]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("ETJ_RESULT ")]
+    return [json.loads(ln.removeprefix("ETJ_RESULT ")) for ln in lines]
+
+
+def test_a_world_restarted_after_the_last_step_emits_no_second_result(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restart path's end (one process, DCP): a world that finished, restarted from its final
+    checkpoint (a join that came as the last step ended), trains nothing and emits no second result --
+    before the fix it printed one with a NaN loss. A world stopped *at* the last step (a restart's SIGTERM
+    in it) leaves the result to the next world, which reports the last step's loss, not NaN. And the loop
+    marks the training done for the agent (core/stopping.py), which then restarts nothing for a joiner."""
+    state_file = tmp_path / "agent.state"
+    monkeypatch.setenv("ETJ_AGENT_STATE_FILE", str(state_file))
+    _one_process(_cfg(tmp_path / "a", "FSDP", max_steps=4)).finish()
+    assert training_done(str(state_file))
+    (first,) = _results(capfd.readouterr().out)
+    assert first["step"] == 4 and math.isfinite(first["loss"])
+    _one_process(_cfg(tmp_path / "a", "FSDP", max_steps=4)).finish()  # restarted: nothing left to train
+    assert _results(capfd.readouterr().out) == []
+    # stopped at the last step, then restarted: one result, the last step's loss
+    Path(f"{state_file}.done").unlink()
+    stopped = _one_process(_cfg(tmp_path / "b", "FSDP", max_steps=4), stop=_Leave(4))
+    stopped.finish()
+    assert (stopped.steps_done, stopped.stopped_early) == (4, True) and not training_done(str(state_file))
+    _one_process(_cfg(tmp_path / "b", "FSDP", max_steps=4)).finish()
+    assert _results(capfd.readouterr().out) == [first]

@@ -31,6 +31,7 @@ from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
 from etj_trainer.core.progress import ProgressReporter
 from etj_trainer.core.sample_log import SampleLog
+from etj_trainer.core.stopping import mark_training_done
 from etj_trainer.core.world import StopFlag, World, incarnation, installed
 from etj_trainer.loop._sharding import ShardedCheckpoints
 from etj_trainer.loop._state import TrainState
@@ -125,6 +126,9 @@ class Engine:
                 return
             if after is Next.NEW_MEMBERSHIP:
                 ctx = self._begin_membership()
+        # The last step is trained (or there was none left to train): this node's agent restarts nothing
+        # for a node that waits to join now (elastic_agent.py), whatever the script does before finish().
+        mark_training_done()
 
     def boundary(self, step: Step) -> Next:
         """Between two steps, in order: a lost step is undone and the world re-forms; else the step's
@@ -209,7 +213,12 @@ class Engine:
         self._close_loaders()
         self.writer.wait()
         if not self.stopped_early and self.membership is not None:
-            self._save(shared=True)
+            # A world restored from the final checkpoint of a world that finished (a restart that came
+            # too late to be refused): the result was emitted there; the report is repeated, not the line.
+            emitted = bool(self.state.meta.get("finished"))
+            self.state.meta["finished"] = True
+            if not emitted:
+                self._save(shared=True)
             if w.rank == 0:
                 payload = progress(self)
                 payload.update(finished=True, **metrics)
@@ -217,7 +226,8 @@ class Engine:
                 self.report.reporter.finish(payload)
                 done, loss = self.state.steps_done, self.state.pace.loss
                 result = {"step": done, "loss": loss, "worldSize": w.size, **metrics}
-                print("ETJ_RESULT " + json.dumps(result), flush=True)
+                if not emitted:
+                    print("ETJ_RESULT " + json.dumps(result), flush=True)
         if self.membership is not None:
             self.report.reporter.close()
         self.inplace.close(shut=not self.survivors_go_on)  # survivors going on in place keep admitting
