@@ -278,6 +278,7 @@ def _first_round(cfg: AgentConfig, warmup: threading.Thread | None) -> Any:
 def _run(cfg: AgentConfig, first: Any, state_file: str, start_method: str) -> int:
     """Run torch's agent loop (EtjAgent) from the first round on; its exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     from etj_trainer.agent.elastic_agent import CrashLoop, EtjAgent
     from etj_trainer.agent.store_link import ReconnectingRendezvous
@@ -304,6 +305,13 @@ def _run(cfg: AgentConfig, first: Any, state_file: str, start_method: str) -> in
         _remove_state_files(state_file)
         sys.stdout.flush()
         os._exit(1)
+    except RendezvousClosedError:
+        # The job finished (its agents closed the rendezvous) before this node got in: a node that
+        # arrives as the last step ends has nothing to join, which is not a failure.
+        print(
+            "etj-train worker: the job's rendezvous is closed (it has finished): nothing to join", flush=True
+        )
+        return 0
     except SignalException as e:
         # agent.run() has already SIGTERMed the workers and waited for them (they checkpoint first).
         if cfg.fast_restart and not handler.lost:

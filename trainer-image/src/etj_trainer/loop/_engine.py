@@ -154,7 +154,8 @@ class Engine:
         self._save_at_boundary(stop_now, leaving=stop_now and regroup_to is None)
         # Report: rank 0, after every step (the operator's progress), then the writes' failure budget.
         if w.rank == 0:
-            self.report.report(self, stop_now)
+            # forced at a stop and after the last step: a script may work on long before its finish()
+            self.report.report(self, stop_now or not self.running)
             self.writer.check_failures(cfg.checkpoint_max_failed_writes)  # after the report that says why
         # Regroup: in process among the survivors (and joiners), or stop (the restart path).
         if not stop_now:
