@@ -14,6 +14,10 @@
 #    One GPU cannot host two NCCL ranks (NCCL refuses two ranks on one device), so the multi-rank paths --
 #    leave, join, crash recovery under cpu:gloo,cuda:nccl -- are proven on CPU (tests/trainer/
 #    test_gpu_placement.py) and need a machine with 2+ GPUs to run on NCCL itself.
+# 5. the sharded check (issue 41): an FSDP2 step of examples/sharded-lm's model (3.3 M parameters) on CUDA
+#    with NCCL -- 2 ranks on 2+ GPUs, a world of 1 on one GPU (the NCCL limit above) -- then a DCP save and
+#    a load into a zeroed model that must give back the same parameters and AdamW state, bit for bit
+#                                                                                 (bench/sharded_memory.py)
 #
 # Needs: the etj trainer environment (pip install '.[trainer]', or the trainer image), python on PATH (or
 # PYTHON=...). Prints one JSON summary on stdout (progress goes to stderr) and writes it to
@@ -81,6 +85,12 @@ run_trainer() {  # $1: run number, $2: max steps
 }
 run_trainer 1 20
 run_trainer 2 30
+say "5: sharded (FSDP2 + DCP): a step, a checkpoint written and loaded back"
+if [[ $SMOKE == 1 ]]; then
+  "$PY" "$HERE/sharded_memory.py" --gpu-check --smoke --out "$OUT/sharded.json" >&2
+else
+  "$PY" "$HERE/sharded_memory.py" --gpu-check --out "$OUT/sharded.json" >&2
+fi
 "$PY" - "$OUT" "$SMOKE" <<'EOF'
 import json, pathlib, re, sys
 out, smoke = pathlib.Path(sys.argv[1]), sys.argv[2] == "1"
@@ -101,12 +111,16 @@ checks = {
 }
 gpu = json.loads((out / "gpu_check.json").read_text())
 checks["a redone step equals the fixed run"] = bool(gpu["redo"]["equal"])
+sharded = json.loads((out / "sharded.json").read_text())["gpu_check"]
+checks["sharded: an FSDP step, its DCP checkpoint loads back equal"] = sharded["equal"] is True
+if not smoke:
+    checks["sharded: on CUDA with NCCL"] = sharded["backend"] == "nccl" and sharded["device"] != "cpu"
 if not smoke:
     checks["NCCL process group"] = runs[0]["nccl"] and runs[1]["nccl"]
     checks["the redo check is sharp (without the CUDA generators it differs)"] = (
         gpu["redo"]["control_without_cuda_rng_max_abs_diff"] > 0)
 summary = {"smoke": smoke, "device": gpu.get("device"), "decode": gpu.get("decode"), "train": gpu.get("train"),
-           "redo": gpu.get("redo"), "trainer_runs": runs, "checks": checks}
+           "redo": gpu.get("redo"), "trainer_runs": runs, "sharded": sharded, "checks": checks}
 (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 print(json.dumps(summary, indent=2))
 failed = [k for k, ok in checks.items() if not ok]

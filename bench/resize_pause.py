@@ -124,7 +124,10 @@ def resize_events(cluster: LocalAgents) -> list[tuple[str, int, Callable[[], obj
     ]
 
 
-def measure(arm: str, log_root: Path, event_timeout: float) -> dict[str, float | str]:
+def measure(
+    arm: str, log_root: Path, event_timeout: float, extra_env: dict[str, str] | None = None
+) -> dict[str, float | str]:
+    """One arm's three resizes; ``extra_env`` over TRAIN_ENV (bench/sharded_memory.py: model, parallelism)."""
     run_id = f"bench-{arm}-{os.getpid()}-{time.time_ns()}"
     log_dir = log_root / arm / run_id
     log_dir.mkdir(parents=True)
@@ -132,6 +135,7 @@ def measure(arm: str, log_root: Path, event_timeout: float) -> dict[str, float |
         **os.environ,
         **TRAIN_ENV,
         **arm_env(arm),
+        **(extra_env or {}),
         "ETJ_RDZV_ID": run_id,
         "ETJ_JOB_NAME": "bench",
         "ETJ_CHECKPOINT_DIR": str(log_dir / "ckpt"),

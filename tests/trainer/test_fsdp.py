@@ -10,6 +10,8 @@ one sample and some ranks' shares are empty. Equal means within the DDP proofs' 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import pickle
 import shutil
@@ -42,9 +44,10 @@ from etj_trainer import cli, elastic
 from etj_trainer.agent.local_launcher import parse_schedule, run_local
 from etj_trainer.checkpoint import sharded
 from etj_trainer.checkpoint.store import CheckpointNotDurable, encode, load_latest
+from etj_trainer.classifier.models import tiny_mlp
 from etj_trainer.config import Parallelism, TrainConfig
 from etj_trainer.core.sample_log import consumed_per_epoch
-from etj_trainer.core.stopping import StopCode
+from etj_trainer.core.stopping import StopCode, training_done
 
 N, GLOBAL, EPOCHS = 49, 16, 2
 STEPS = 2 * 4  # 49 samples in steps of 16: 3 full steps and one of 1, per epoch
@@ -478,51 +481,142 @@ def test_hsdp_refuses_a_world_that_is_not_whole_shard_groups() -> None:
         mesh_for(TrainConfig(parallelism=Parallelism.HSDP, shard_group_size=2), world)
 
 
-# ---- end to end: etj-train local, a leave and a join through the restart path ------------------------------
+# ---- end to end: etj-train local, leaves, joins and kills through the restart path -------------------------
+
+E2E_SAMPLES = 1438  # the digits: 45 steps of 32 an epoch, 2 epochs
+
+
+def _e2e_env(tmp: Path, tiny_job_env: Callable[..., dict[str, str]], **kw: str) -> dict[str, str]:
+    """The tiny digits job as FSDP, its DCP checkpoints in ``tmp/ckpt``."""
+    env: dict[str, str] = tiny_job_env(
+        tmp, ETJ_EPOCHS="2", ETJ_MIN_STEP_SECONDS="0.3", ETJ_PARALLELISM="FSDP", **kw
+    )
+    return {**env, "ETJ_CHECKPOINT_DIR": str(tmp / "ckpt")}
+
+
+def _final_weights(ckpt: Path) -> tuple[int, dict[str, torch.Tensor]]:
+    """The newest checkpoint's step and full model, loaded whole in this process (a DDP file or DCP)."""
+    found = sharded.list_sharded(ckpt)
+    ddp = load_latest(ckpt) if not found else None
+    if ddp is not None:
+        return ddp.step, dict(ddp.state["model"])
+    (step, path), *_ = found
+    model = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in tiny_mlp(10).state_dict().items()}
+    sharded.load(path, {"model": model})
+    return step, model
+
+
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, str], str], tuple[int, Any]]:
+    """A fixed 2-rank run of an end-to-end job's config (once per parallelism): its final weights."""
+    out, done = tmp_path_factory.mktemp("fixed"), {}
+
+    def run(env: dict[str, str], parallelism: str) -> tuple[int, Any]:
+        if parallelism not in done:
+            cfg = replace(
+                TrainConfig.from_env({**env, "ETJ_PARALLELISM": parallelism, "ETJ_MIN_STEP_SECONDS": "0"}),
+                checkpoint_dir=out / parallelism,
+                local_checkpoint_dir=None,
+                sample_log_dir=None,
+                checkpoint_interval_steps=0,
+            )
+            worldsim.run_world(cfg, 2)
+            done[parallelism] = _final_weights(out / parallelism)
+        return done[parallelism]
+
+    return run
+
+
+def _elastic_run(
+    tmp_path: Path, env: dict[str, str], schedule: str, resizes: list[tuple[int, int]]
+) -> tuple[str, dict[str, torch.Tensor]]:
+    """``etj-train local`` with 2 agents under ``schedule``: it finishes through the expected resizes
+    (each a restart of the world from the newest DCP checkpoint, resharded), every sample of each epoch
+    once; returns the workers' logs and the final weights."""
+    result = run_local(2, parse_schedule(schedule), env, tmp_path / "logs", timeout_s=600, wait_whole=True)
+    assert result.get("finished") is True, result
+    assert [(r["from"], r["to"]) for r in result["resizes"]] == resizes  # type: ignore[attr-defined]
+    logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
+    assert "in process" not in logs and logs.count("ETJ_RESULT ") == 1
+    per_epoch = consumed_per_epoch(tmp_path / "samples")
+    assert sorted(per_epoch) == [0, 1]
+    assert all(sorted(ids) == list(range(E2E_SAMPLES)) for ids in per_epoch.values())
+    step, weights = _final_weights(tmp_path / "ckpt")
+    assert step == 2 * 45
+    return logs, weights
 
 
 @pytest.mark.slow
 def test_a_sharded_job_resizes_through_the_restart_path_exactly_once_and_equal(
-    tmp_path: Path, tiny_job_env: Callable[..., dict[str, str]]
+    tmp_path: Path,
+    tiny_job_env: Callable[..., dict[str, str]],
+    fixed_run: Callable[[dict[str, str], str], tuple[int, Any]],
 ) -> None:
     """Two agents, FSDP: a node leaves at step 15 and one joins at step 30. Each resize restarts the world
     from the newest checkpoint, resharded (2 -> 1 -> 2), the reason logged; every sample once per epoch,
     and the final weights equal a fixed 2-rank DDP run within 1e-9."""
-    env = tiny_job_env(
-        tmp_path,
-        ETJ_EPOCHS="2",
-        ETJ_MIN_STEP_SECONDS="0.3",
-        ETJ_PARALLELISM="FSDP",
-        ETJ_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-    )
-    result = run_local(2, parse_schedule("15:-1,30:+1"), env, tmp_path / "logs", timeout_s=600)
-    assert result.get("finished") is True, result
-    resizes: list[dict[str, Any]] = result["resizes"]  # type: ignore[assignment]
-    assert [(r["from"], r["to"]) for r in resizes] == [(2, 1), (1, 2)]
-    logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
+    env = _e2e_env(tmp_path, tiny_job_env)
+    logs, weights = _elastic_run(tmp_path, env, "15:-1,30:+1", [(2, 1), (1, 2)])
     assert "restart the world (in-process resize disabled (parallelism FSDP" in logs
-    assert "in process" not in logs and logs.count("ready at step") == 3  # a world start per size
-    per_epoch = consumed_per_epoch(tmp_path / "samples")
-    assert sorted(per_epoch) == [0, 1] and all(sorted(ids) == list(range(1438)) for ids in per_epoch.values())
-    # the last sharded checkpoint, loaded whole in this process, against a fixed DDP run's last checkpoint
-    fixed = replace(
-        TrainConfig.from_env({**env, "ETJ_PARALLELISM": "DDP"}),
-        checkpoint_dir=tmp_path / "fixed",
-        local_checkpoint_dir=None,
-        sample_log_dir=None,
-    )
-    worldsim.run_world(fixed, 2)
-    ddp = load_latest(tmp_path / "fixed")
-    (step, path), *_ = sharded.list_sharded(tmp_path / "ckpt")
-    assert ddp is not None and ddp.step == step
-    mine = {k: torch.zeros_like(v) for k, v in ddp.state["model"].items()}
-    sharded.load(path, {"model": mine})
-    _close(mine, dict(ddp.state["model"]))
+    assert logs.count("ready at step") == 3  # a world start per size
+    _close(weights, fixed_run(env, "DDP")[1])
 
 
-def _one_process(cfg: TrainConfig) -> elastic.Job:
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "schedule",
+    ["8:-1,12:+1,50:!1", "8:!1,12:+1,50:-1"],
+    ids=["leave-join-kill", "kill-join-leave"],
+)
+def test_a_sharded_job_through_a_leave_a_join_and_a_sigkill_ends_equal_to_fixed_runs(
+    tmp_path: Path,
+    tiny_job_env: Callable[..., dict[str, str]],
+    fixed_run: Callable[[dict[str, str], str], tuple[int, Any]],
+    schedule: str,
+) -> None:
+    """Issue 41 item 3, with real process kills: two agents, FSDP, checkpoints every 5 steps; a node
+    leaves (SIGTERM), one joins, and a node is SIGKILLed with its workers (the survivor's collective
+    fails; the world restarts from the newest checkpoint, at most 5 steps back, resharded). Every sample
+    once per epoch, one result, and the final weights equal a fixed FSDP run's and a fixed DDP run's
+    within the DDP proofs' 1e-9."""
+    env = _e2e_env(tmp_path, tiny_job_env, ETJ_CHECKPOINT_INTERVAL_STEPS="5")
+    _, weights = _elastic_run(tmp_path, env, schedule, [(2, 1), (1, 2), (2, 1)])
+    _close(weights, fixed_run(env, "FSDP")[1])
+    _close(weights, fixed_run(env, "DDP")[1])
+
+
+@pytest.mark.slow
+def test_a_node_that_arrives_as_the_last_step_ends_restarts_nothing(tmp_path: Path) -> None:
+    """The restart path's end, with real agents: two nodes train a script that, after its last step,
+    works on until its agent has refused a join (tests/trainer/finish_late.py); a third node starts at the
+    last step and waits in the rendezvous. The world is not restarted (it used to be: the new world
+    restored the final checkpoint, trained nothing and emitted a second result with a NaN loss), the job
+    finishes once, with one result."""
+    logs = tmp_path / "logs"
+    env = {
+        "ETJ_SCRIPT": json.dumps([str(Path(__file__).with_name("finish_late.py"))]),
+        "ETJ_PARALLELISM": "FSDP",
+        "ETJ_EPOCHS": "10",
+        "ETJ_MAX_STEPS": "8",
+        "ETJ_MIN_STEP_SECONDS": "0.2",
+        "ETJ_MAX_WORKERS": "3",
+        "ETJ_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "FINISH_LATE_LOGS": str(logs),
+    }
+    result = run_local(2, parse_schedule("8:+1"), env, logs, timeout_s=600)
+    assert result.get("finished") is True and result["step"] == 8, result
+    text = "".join(f.read_text(errors="replace") for f in sorted(logs.glob("worker-*.log")))
+    assert text.count("training is done: no restart") == 2, text[-3000:]  # each node's agent, once
+    assert text.count("ready at step") == 1, text[-3000:]  # one world: never restarted
+    assert result["agentExitCodes"] == [0, 0, 0]  # the joiner too: the job it came to had finished
+    assert "rendezvous is closed (it has finished): nothing to join" in text
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("ETJ_RESULT ")]
+    assert math.isfinite(json.loads(line.removeprefix("ETJ_RESULT "))["loss"])
+
+
+def _one_process(cfg: TrainConfig, stop: elastic.StopFlag | None = None) -> elastic.Job:
     data = Points()
-    job = elastic.Job(N, cfg, stop=elastic.StopFlag())
+    job = elastic.Job(N, cfg, stop=stop or elastic.StopFlag())
     model = job.setup_model(_net(), shard=(torch.nn.Linear,))
     job.setup_dynamic_sgd(model.parameters())
     for step in job.steps():
@@ -567,3 +661,33 @@ def test_one_process_resumes_from_its_sharded_checkpoint(tmp_path: Path) -> None
     sharded.load(tmp_path / "a" / "dcp-000000004", {"model": a})
     sharded.load(tmp_path / "b" / "dcp-000000004", {"model": b})
     _close(a, b, rtol=0)
+
+
+def _results(text: str) -> list[dict[str, Any]]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("ETJ_RESULT ")]
+    return [json.loads(ln.removeprefix("ETJ_RESULT ")) for ln in lines]
+
+
+def test_a_world_restarted_after_the_last_step_emits_no_second_result(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restart path's end (one process, DCP): a world that finished, restarted from its final
+    checkpoint (a join that came as the last step ended), trains nothing and emits no second result --
+    before the fix it printed one with a NaN loss. A world stopped *at* the last step (a restart's SIGTERM
+    in it) leaves the result to the next world, which reports the last step's loss, not NaN. And the loop
+    marks the training done for the agent (core/stopping.py), which then restarts nothing for a joiner."""
+    state_file = tmp_path / "agent.state"
+    monkeypatch.setenv("ETJ_AGENT_STATE_FILE", str(state_file))
+    _one_process(_cfg(tmp_path / "a", "FSDP", max_steps=4)).finish()
+    assert training_done(str(state_file))
+    (first,) = _results(capfd.readouterr().out)
+    assert first["step"] == 4 and math.isfinite(first["loss"])
+    _one_process(_cfg(tmp_path / "a", "FSDP", max_steps=4)).finish()  # restarted: nothing left to train
+    assert _results(capfd.readouterr().out) == []
+    # stopped at the last step, then restarted: one result, the last step's loss
+    Path(f"{state_file}.done").unlink()
+    stopped = _one_process(_cfg(tmp_path / "b", "FSDP", max_steps=4), stop=_Leave(4))
+    stopped.finish()
+    assert (stopped.steps_done, stopped.stopped_early) == (4, True) and not training_done(str(state_file))
+    _one_process(_cfg(tmp_path / "b", "FSDP", max_steps=4)).finish()
+    assert _results(capfd.readouterr().out) == [first]

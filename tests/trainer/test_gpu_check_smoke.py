@@ -27,6 +27,8 @@ def test_gpu_check_smoke_passes_and_prints_one_json_summary(tmp_path: Path) -> N
     # the restart found the copy the first run left in the directory the script named (issue 24 item 6)
     assert "ready at step 20" in summary["trainer_runs"][1]["ready"]
     assert summary["redo"]["equal"] is True
+    # the sharded check's CPU path: 2 gloo ranks, an FSDP step, DCP written and loaded back equal
+    assert (summary["sharded"]["ranks"], summary["sharded"]["backend"]) == (2, "gloo")
 
 
 @pytest.mark.slow

@@ -2,6 +2,8 @@
 
 * each rendezvous round reads the job's bounds first (resize/bounds.py: ``kubectl scale`` after this agent
   started) and waits out a lost store instead of failing (store_link.py);
+* a node waiting to join restarts nothing once this node's workers have trained the last step (the
+  workers' ``training_done`` marker): a finished job is never restarted, and its result is emitted once;
 * a restart tells the workers it *is* a restart (core/stopping.py's agent-state file) before signalling
   them, so they stop instead of re-forming in place;
 * crash loops are bounded (crash_budget.py): each crash without progress is counted and its error line
@@ -27,7 +29,7 @@ from etj_trainer.agent.agent_config import AgentConfig
 from etj_trainer.agent.crash_budget import EXIT_RESIZE, CrashCount, after_failure, error_line
 from etj_trainer.agent.rendezvous import set_min_nodes
 from etj_trainer.agent.store_link import STORE_ERRORS, ReconnectingRendezvous
-from etj_trainer.core.stopping import AGENT_RESTARTING, AGENT_RUNNING, write_agent_state
+from etj_trainer.core.stopping import AGENT_RESTARTING, AGENT_RUNNING, training_done, write_agent_state
 from etj_trainer.resize import bounds
 
 
@@ -62,6 +64,7 @@ class EtjAgent(LocalElasticAgent):
         self.etj_cfg, self.etj_handler, self.etj_state_file = cfg, handler, state_file
         self.etj_crashes = CrashCount()
         self.last_result: Any = None
+        self.etj_join_refused = False  # said once: a node waits, but the training is done
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         self.last_result = super()._monitor_workers(worker_group)
@@ -86,6 +89,17 @@ class EtjAgent(LocalElasticAgent):
         set_min_nodes(handler.inner, job.min if job is not None else cfg.min_nodes)
 
     def _restart_workers(self, worker_group: Any) -> None:
+        # Healthy workers restart only for a node waiting to join (torch's loop). Once they have trained
+        # the last step, the world must not re-form: it would restart a finished job from its final
+        # checkpoint, train nothing, and report a second result. The joiner's rendezvous closes with ours.
+        if worker_group.state == WorkerState.HEALTHY and training_done(self.etj_state_file):
+            if not self.etj_join_refused:
+                self.etj_join_refused = True
+                print(
+                    "etj-train worker: a node waits to join, but the training is done: no restart",
+                    flush=True,
+                )
+            return
         if worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and self.last_result:
             self.count_crash(self.last_result.failures)
         # Our workers must stop *for a restart*, not survive in place: say so before signalling.

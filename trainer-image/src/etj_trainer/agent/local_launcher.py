@@ -182,11 +182,15 @@ def run_local(
     timeout_s: float = 900,
     stagger_s: float = 0.0,
     procs_per_node: int = 1,
+    wait_whole: bool = False,
 ) -> dict[str, object]:
     """Run a job of ``nodes`` agents x ``procs_per_node`` ranks; returns the last progress document (plus
     the applied events and the agents' exit codes).
 
     ``stagger_s``: seconds between the initial nodes' starts (pods that are scheduled apart).
+    ``wait_whole``: an event waits, past its step, until the world is whole -- every node started and not
+    told to go trains in it -- so each resize completes before the next (a kill never hits a joiner still
+    starting on a busy machine; a schedule of simultaneous events leaves it off).
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
@@ -222,9 +226,14 @@ def run_local(
             if doc:
                 last = doc
             step = int(doc.get("step", 0) or 0)
-            full = full or int(doc.get("worldSize", 0) or 0) >= nodes * procs_per_node
+            size = int(doc.get("worldSize", 0) or 0)
+            full = full or size >= nodes * procs_per_node
             while full and pending and step >= pending[0].step:
+                if wait_whole and size != len(cluster.in_world()) * procs_per_node:
+                    break
                 cluster.apply(pending.pop(0))
+                if wait_whole:
+                    break  # the next one reads the world this one makes
             time.sleep(0.1)
         last = cluster.progress() or last
         codes = [a.wait(timeout=60) for a in cluster.agents]

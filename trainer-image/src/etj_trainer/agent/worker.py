@@ -55,6 +55,7 @@ from etj_trainer.agent.rendezvous import (
 )
 from etj_trainer.agent.worker_process import join_worker_entry
 from etj_trainer.core.progress import report_error
+from etj_trainer.core.stopping import training_done_file
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +172,15 @@ def run_agent(cfg: AgentConfig) -> int:
             return first
         return _run(cfg, first, state_file, "spawn" if warmup is None else "forkserver")
     finally:
-        if state_file:
+        _remove_state_files(state_file)
+
+
+def _remove_state_files(state_file: str) -> None:
+    """The agent-state file and the workers' training-done marker beside it (core/stopping.py)."""
+    for path in (state_file, training_done_file(state_file)):
+        if path:
             with contextlib.suppress(OSError):
-                os.unlink(state_file)
+                os.unlink(path)
 
 
 def _first_handler(cfg: AgentConfig) -> tuple[Any, Any] | None:
@@ -271,6 +278,7 @@ def _first_round(cfg: AgentConfig, warmup: threading.Thread | None) -> Any:
 def _run(cfg: AgentConfig, first: Any, state_file: str, start_method: str) -> int:
     """Run torch's agent loop (EtjAgent) from the first round on; its exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
     from etj_trainer.agent.elastic_agent import CrashLoop, EtjAgent
     from etj_trainer.agent.store_link import ReconnectingRendezvous
@@ -294,11 +302,16 @@ def _run(cfg: AgentConfig, first: Any, state_file: str, start_method: str) -> in
             leave_rendezvous(handler.inner)  # the others need not wait for our keep-alive to expire
         # Exit at once: tearing the interpreter down under torch's store threads aborted (SIGABRT, not 1)
         # in one of the first test runs here, and the exit code is what fails the pod.
-        if state_file:
-            with contextlib.suppress(OSError):
-                os.unlink(state_file)
+        _remove_state_files(state_file)
         sys.stdout.flush()
         os._exit(1)
+    except RendezvousClosedError:
+        # The job finished (its agents closed the rendezvous) before this node got in: a node that
+        # arrives as the last step ends has nothing to join, which is not a failure.
+        print(
+            "etj-train worker: the job's rendezvous is closed (it has finished): nothing to join", flush=True
+        )
+        return 0
     except SignalException as e:
         # agent.run() has already SIGTERMed the workers and waited for them (they checkpoint first).
         if cfg.fast_restart and not handler.lost:

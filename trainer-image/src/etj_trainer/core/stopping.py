@@ -45,6 +45,27 @@ def agent_is_restarting() -> bool:
         return False
 
 
+def training_done_file(state_file: str) -> str:
+    """Beside the agent-state file, the workers' answer: this world has trained its last step. A node that
+    waits to join then restarts nothing (elastic_agent.py): the job is finishing, not growing."""
+    return f"{state_file}.done" if state_file else ""
+
+
+def mark_training_done() -> None:
+    """The workers' half: written by every rank once its loop has trained the last step (or restored a
+    state with none left), before the final checkpoint, the result and whatever the script does after."""
+    path = training_done_file(os.environ.get(etj_env.AGENT_STATE_FILE.name, ""))
+    if path:
+        with open(path, "w") as f:
+            f.write("done")
+
+
+def training_done(state_file: str) -> bool:
+    """The agent's half: have this node's workers trained the last step?"""
+    path = training_done_file(state_file)
+    return bool(path) and os.path.exists(path)
+
+
 def collective_timeout() -> timedelta:
     """Bounded (ETJ_COLLECTIVE_TIMEOUT_S, default 120 s): a peer that vanished without closing its sockets
     must not hang the survivors for torch's default 30 minutes (pytorch#111646)."""

@@ -31,6 +31,7 @@ from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
 from etj_trainer.core.progress import ProgressReporter
 from etj_trainer.core.sample_log import SampleLog
+from etj_trainer.core.stopping import mark_training_done
 from etj_trainer.core.world import StopFlag, World, incarnation, installed
 from etj_trainer.loop._sharding import ShardedCheckpoints
 from etj_trainer.loop._state import TrainState
@@ -125,6 +126,9 @@ class Engine:
                 return
             if after is Next.NEW_MEMBERSHIP:
                 ctx = self._begin_membership()
+        # The last step is trained (or there was none left to train): this node's agent restarts nothing
+        # for a node that waits to join now (elastic_agent.py), whatever the script does before finish().
+        mark_training_done()
 
     def boundary(self, step: Step) -> Next:
         """Between two steps, in order: a lost step is undone and the world re-forms; else the step's
@@ -150,7 +154,8 @@ class Engine:
         self._save_at_boundary(stop_now, leaving=stop_now and regroup_to is None)
         # Report: rank 0, after every step (the operator's progress), then the writes' failure budget.
         if w.rank == 0:
-            self.report.report(self, stop_now)
+            # forced at a stop and after the last step: a script may work on long before its finish()
+            self.report.report(self, stop_now or not self.running)
             self.writer.check_failures(cfg.checkpoint_max_failed_writes)  # after the report that says why
         # Regroup: in process among the survivors (and joiners), or stop (the restart path).
         if not stop_now:
@@ -209,7 +214,12 @@ class Engine:
         self._close_loaders()
         self.writer.wait()
         if not self.stopped_early and self.membership is not None:
-            self._save(shared=True)
+            # A world restored from the final checkpoint of a world that finished (a restart that came
+            # too late to be refused): the result was emitted there; the report is repeated, not the line.
+            emitted = bool(self.state.meta.get("finished"))
+            self.state.meta["finished"] = True
+            if not emitted:
+                self._save(shared=True)
             if w.rank == 0:
                 payload = progress(self)
                 payload.update(finished=True, **metrics)
@@ -217,7 +227,8 @@ class Engine:
                 self.report.reporter.finish(payload)
                 done, loss = self.state.steps_done, self.state.pace.loss
                 result = {"step": done, "loss": loss, "worldSize": w.size, **metrics}
-                print("ETJ_RESULT " + json.dumps(result), flush=True)
+                if not emitted:
+                    print("ETJ_RESULT " + json.dumps(result), flush=True)
         if self.membership is not None:
             self.report.reporter.close()
         self.inplace.close(shut=not self.survivors_go_on)  # survivors going on in place keep admitting

@@ -31,7 +31,8 @@ class Stateful(Protocol):
 
 @dataclass
 class Pace:
-    """The last commit's loss and the training rate: reported, never checkpointed."""
+    """The last commit's loss and the training rate: reported. Only the loss outlives a restart (the
+    checkpoint's ``meta["last_loss"]``), so that a world restored at the last step reports it, not NaN."""
 
     loss: float = math.nan
     rate: float = 0.0  # samples a second, smoothed over the last commits
@@ -72,6 +73,8 @@ class TrainState:
         self.steps_done += 1
         self.meta["samples_seen"] = int(self.meta["samples_seen"]) + samples
         self.meta["lr"] = lr
+        self.meta["last_loss"] = loss
+        self.meta.pop("finished", None)  # a finished job given more steps: its end is another result
         self.in_commit = False
         self.pace.committed(samples, loss)
 
@@ -115,3 +118,4 @@ class TrainState:
         self.sampler.load_state_dict(state["sampler"])
         restore_rng(state["rng"])
         self.steps_done, self.meta = int(state["step"]), dict(state["meta"])
+        self.pace.loss = float(self.meta.get("last_loss", math.nan))
