@@ -257,7 +257,9 @@ def progress_reporter(bed: Bed, job: str, *, total: int, per_worker: float) -> C
     bed.wait("the store process running", lambda: running_store_ip(bed, job) is not None, 180)
     token = bed.token(job)
     url = f"http://{running_store_ip(bed, job)}:{PROGRESS_PORT}/progress"
-    bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 60)
+    # A started process is not yet a listening store: its imports alone took over 60 s on a loaded 2-core
+    # machine (tests/kueue/test_kueue_deadline.py failed so).
+    bed.wait("the store to answer", lambda: get_json(url, token=token) is not None, 180)
 
     def report(done: int, running: int) -> None:
         doc = ProgressDoc(
