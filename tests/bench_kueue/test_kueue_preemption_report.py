@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bench.kueue_preemption import (
+from bench.kueue_preemption_report import (
     BASELINE_LOOP,
     StepLine,
     baseline_report,

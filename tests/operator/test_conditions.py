@@ -130,8 +130,10 @@ def test_condition_rule(case: str) -> None:
 
 
 def test_every_condition_type_has_one_rule_and_every_fixed_reason_is_in_the_enum() -> None:
-    # KueueAdmitted is on Kueue jobs only, set by decide/kueue/condition.py (tests/operator/test_kueue.py).
-    assert sorted(t for t, _ in RULES) == sorted(set(ConditionType) - {ConditionType.KUEUE_ADMITTED})
+    # KueueAdmitted and OnDemandQuota are on Kueue jobs only, set by decide/kueue/condition.py
+    # (tests/operator/test_kueue.py, test_kueue_deadline.py).
+    kueue_only = {ConditionType.KUEUE_ADMITTED, ConditionType.ON_DEMAND_QUOTA}
+    assert sorted(t for t, _ in RULES) == sorted(set(ConditionType) - kueue_only)
     for facts, *_ in CASES.values():
         for _, rule in RULES:
             reason = rule(facts)[1]

@@ -186,6 +186,34 @@ class WorkloadChanges:
     delete: tuple[str, ...] = ()
 
 
+SeatWant = tuple[CapacityType | None, Mapping[str, str]]  # a new extra seat's capacity type and pin
+
+
+def on_demand_wants(
+    kept: Sequence[WorkloadInfo], on_demand: OnDemand, *, room: int
+) -> tuple[list[WorkloadInfo], list[SeatWant]]:
+    """The pending spot seats that give way, and the on-demand seats to queue: missing ones take the free
+    ``room`` first, then the place of pending spot seats (the autoscaler found no spot, or no quota; they
+    train nothing), never of a seat with a worker."""
+    od = CapacityType.ON_DEMAND
+    have = sum(1 for w in kept if w.capacity == od.value)
+    missing = max(0, on_demand.seats - have)
+    pending_spot = [w for w in kept if w.capacity != od.value and not w.admitted]
+    give_way = pending_spot[::-1][: max(0, missing - room)]
+    return give_way, [(od, on_demand.pins.get(od, {}))] * min(missing, room + len(give_way))
+
+
+def new_seats(
+    job: str, taken: frozenset[str], wants: Sequence[SeatWant], priority: int
+) -> tuple[WorkloadWant, ...]:
+    """One extra seat of one worker per want, each under the lowest index no Workload of the job has."""
+    free = (i for i in range(len(taken) + len(wants) + 1) if workload_name(job, extra_seat(i)) not in taken)
+    return tuple(
+        WorkloadWant(workload_name(job, extra_seat(next(free))), 1, priority, False, capacity, dict(pin))
+        for capacity, pin in wants
+    )
+
+
 def workload_changes(
     job: str,
     kueue: KueueJob,
@@ -233,29 +261,15 @@ def workload_changes(
     if not seats.base_admitted or kueue.priority is None:
         return WorkloadChanges(delete=tuple(delete))
     kept = [w for w in kept if w.name not in delete]
-    wants: list[tuple[CapacityType | None, Mapping[str, str]]] = []
+    wants: list[SeatWant] = []
     if on_demand is not None:
-        have = sum(1 for w in kept if w.capacity == CapacityType.ON_DEMAND.value)
-        room = max(0, high - low - len(kept))
-        missing_od = max(0, on_demand.seats - have)
-        # Pending spot seats make room for on-demand ones (the autoscaler found no spot, or no quota).
-        give_way = [w for w in kept if w.capacity != CapacityType.ON_DEMAND.value and not w.admitted]
-        give_way = give_way[::-1][: max(0, missing_od - room)]
+        give_way, wants = on_demand_wants(kept, on_demand, room=max(0, high - low - len(kept)))
         delete += [w.name for w in give_way]
         kept = [w for w in kept if w not in give_way]
-        od = CapacityType.ON_DEMAND
-        wants += [(od, on_demand.pins.get(od, {}))] * min(missing_od, room + len(give_way))
     missing = max(0, high - low - len(kept) - len(wants))
     spot = (CapacityType.SPOT, on_demand.pins.get(CapacityType.SPOT, {})) if on_demand is not None else None
     wants += [spot or (None, {})] * missing
-    taken = seats.names
-    free = (i for i in range(len(taken) + len(wants) + 1) if workload_name(job, extra_seat(i)) not in taken)
-    create = tuple(
-        WorkloadWant(
-            workload_name(job, extra_seat(next(free))), 1, kueue.priority - 1, False, capacity, dict(pin)
-        )
-        for capacity, pin in wants
-    )
+    create = new_seats(job, seats.names, wants, kueue.priority - 1)
     return WorkloadChanges(create=create, delete=tuple(delete))
 
 
