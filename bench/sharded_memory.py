@@ -152,14 +152,19 @@ def _step(model: nn.Module, seq_len: int, device: torch.device) -> torch.optim.O
 
 
 def _sharded(shape: dict[str, int]) -> tuple[nn.Module, torch.optim.Optimizer]:
-    from etj_trainer.config import Parallelism, TrainConfig
-    from etj_trainer.core.world import World
-    from etj_trainer.loop._sharding import shard_model
+    from torch.distributed.fsdp import fully_shard
 
+    from etj_trainer.core.world import World
+
+    # FSDP2 as Job.setup_model(net, shard=(Block,)) applies it (loop/_sharding.py): each block, then the
+    # root, over every rank. Called directly: the bench measures torch's sharding, not a Job's loop.
     world = World.current()
     net, block = _gpt(shape, world.device)
-    model = shard_model(net, TrainConfig(parallelism=Parallelism.FSDP), world, wrap=(block,))
-    return model, _step(model, shape["seq_len"], world.device)
+    for sub in reversed(list(net.modules())):
+        if isinstance(sub, block):
+            fully_shard(sub)
+    fully_shard(net)  # in place: ``net`` is the sharded module
+    return net, _step(net, shape["seq_len"], world.device)
 
 
 def _slowest(seconds: float) -> float:

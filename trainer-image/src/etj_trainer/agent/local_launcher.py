@@ -174,6 +174,27 @@ class LocalAgents:
                 os.killpg(a.pid, signal.SIGKILL)
 
 
+def _run_env(
+    nodes: int, procs_per_node: int, train_env: dict[str, str], log_dir: Path, run_id: str
+) -> dict[str, str]:
+    """The agents' environment: the job's size and rendezvous, then the caller's ``train_env``."""
+    env = {
+        **os.environ,
+        etj_env.JOB_NAME.name: "local",
+        etj_env.RDZV_ID.name: run_id,
+        etj_env.NPROC_PER_WORKER.name: str(procs_per_node),
+        etj_env.MIN_WORKERS.name: "1",
+        etj_env.MAX_WORKERS.name: str(max(nodes, 1)),
+        etj_env.STARTUP_WORKERS.name: str(nodes),  # the first world forms with all of them (first_round.py)
+        **train_env,
+    }
+    env.setdefault(etj_env.CHECKPOINT_DIR.name, str(log_dir / "checkpoints"))
+    # A token of its own, as the operator gives every job: the store's values and endpoint are authenticated.
+    env.setdefault(etj_env.PROGRESS_TOKEN.name, secrets.token_hex(16))
+    env.setdefault(etj_env.LOCAL_CHECKPOINT_DIR.name, f"/dev/shm/etj-local-{run_id}")
+    return env
+
+
 def run_local(
     nodes: int,
     schedule: list[ScheduleEvent],
@@ -194,22 +215,9 @@ def run_local(
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:12]
-    env = {
-        **os.environ,
-        etj_env.JOB_NAME.name: "local",
-        etj_env.RDZV_ID.name: run_id,
-        etj_env.NPROC_PER_WORKER.name: str(procs_per_node),
-        etj_env.MIN_WORKERS.name: "1",
-        etj_env.MAX_WORKERS.name: str(max(nodes, 1)),
-        etj_env.STARTUP_WORKERS.name: str(nodes),  # the first world forms with all of them (first_round.py)
-        **train_env,
-    }
-    env.setdefault(etj_env.CHECKPOINT_DIR.name, str(log_dir / "checkpoints"))
-    # A token of its own, as the operator gives every job: the store's values and endpoint are authenticated.
-    env.setdefault(etj_env.PROGRESS_TOKEN.name, secrets.token_hex(16))
+    env = _run_env(nodes, procs_per_node, train_env, log_dir, run_id)
     # Ours to remove afterwards only when we chose it: a directory the caller named is theirs.
-    made_local_dir = etj_env.LOCAL_CHECKPOINT_DIR.name not in env
-    env.setdefault(etj_env.LOCAL_CHECKPOINT_DIR.name, f"/dev/shm/etj-local-{run_id}")
+    made_local_dir = etj_env.LOCAL_CHECKPOINT_DIR.name not in {**os.environ, **train_env}
     cluster = LocalAgents(env=env, log_dir=log_dir)
     pending = list(schedule)
     last: dict[str, object] = {}
