@@ -342,13 +342,16 @@ def test_kueue_preemption_shrinks_in_place_grows_back_and_evicting_the_base_susp
         out = kubectl(kueue, "exec", "-n", run.ns, big, "--", "touch", DONE, timeout=120)
         assert out.returncode == 0, out.stderr
         freed = time.monotonic()
+        # The base's one worker restarts from the checkpoint; the extra seat's worker joins it in place.
         _training(
             run,
-            "the job resumed and training",
-            lambda: run.training_workers(1, stop_ckpt + 1) or run.training_workers(2, stop_ckpt + 1),
+            "the job resumed, training past its checkpoint",
+            lambda: bool(run.running_on("worker")) and run.step() > stop_ckpt,
             600,
         )
         resume_s = time.monotonic() - freed
+        _training(run, "the resumed job back at 2 workers", lambda: run.training_workers(2, 0), 600)
+        back_s = time.monotonic() - freed
         assert _condition(run, "KueueAdmitted").get("status") == "True", run.status().get("conditions")
         after_stop = {f: steps for f, steps in _logged_steps(run).items() if f not in logged and steps}
         assert after_stop, "no sample log of a membership after the stop"
@@ -362,8 +365,8 @@ def test_kueue_preemption_shrinks_in_place_grows_back_and_evicting_the_base_susp
         f"{shrink_s:.1f} s after it was created; back at 2 {regrow_s:.1f} s after it finished; the big Job: "
         f"KueueEvicted {evicted_s:.1f} s, every pod gone {stopped_s:.1f} s, its pod running {big_s:.1f} s "
         f"after it was created; status step {step_before} before it, last logged step {last_logged}, "
-        f"checkpoint at the stop {stop_ckpt} (status.lastCheckpoint {recorded}), resumed at step {resumed} "
-        f"{resume_s:.1f} s after it finished"
+        f"checkpoint at the stop {stop_ckpt} (status.lastCheckpoint {recorded}); after it finished: training "
+        f"again from step {resumed} {resume_s:.1f} s, back at 2 workers {back_s:.1f} s"
     )
     assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
     assert not status.get("failures"), status
