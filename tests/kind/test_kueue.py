@@ -11,19 +11,31 @@ its own (docs/kueue.md). A batch/v1 Job at a higher WorkloadPriorityClass that n
 arrives: Kueue preempts the extra seat's Workload, the operator drains that worker (a graceful leave: the
 survivor's pod is not restarted, no failure counted, `KueuePreempted` in the resize history), and the
 Job's pod runs. The Job finishes when the test tells it to (a file in its container): its quota frees,
-Kueue admits the extra seat again, and the job grows back to two by an in-place join. It must then
-succeed with every sample trained exactly once per epoch.
+Kueue admits the extra seat again, and the job grows back to two by an in-place join. Then below min: a
+second Job needing both workers' worth arrives; freeing the extra is not enough, so Kueue evicts the base
+too and the job stops like a suspend (a `KueueEvicted` Warning, every worker and the store released after
+the trainer's just-in-time checkpoint, no failure counted, queued again); when that Job finishes Kueue
+admits the base again and the job resumes from the stop's checkpoint (its first step after it is the one
+after the checkpoint, which holds every step trained before the stop). It must then succeed with every
+sample trained exactly once per epoch.
+
+One test, phases in a row: each phase needs a job admitted and training (the second worker's first start
+takes up to two minutes here), so a second test would pay the setup again for nothing it could share.
 
 Without the operator's Kueue support the job would run before and beyond its quota and the preemptor would
-wait; without the seat drain the preemptor would never be admitted (the extra's quota never released).
+wait; without the seat drain the preemptor would never be admitted (the extra's quota never released);
+without the base's stop the big Job would never run (the base's worker keeps its quota).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,7 +74,7 @@ WORKER = {GPU: "1", "cpu": "500m", "memory": "1Gi"}  # examples/demo-cpu.yaml's 
 QUOTA = {GPU: "2", "cpu": "1", "memory": "2Gi"}  # two workers
 # Long enough for every phase on a loaded 2-core machine, where a worker's start and join took up to 100 s:
 # a run of 10 epochs at 0.4 s a step ended before the job grew back.
-EPOCHS = 16
+EPOCHS = 24
 MIN_STEP_S = 1.0
 KINDS = {
     "resourceflavors": "ResourceFlavor",
@@ -71,6 +83,8 @@ KINDS = {
     "localqueues": "LocalQueue",
 }
 DONE = "/tmp/done"  # the preemptor's container exits once this file exists
+BIG = "big"  # the second preemptor: both workers' worth, so Kueue must evict the base too
+CKPT = re.compile(r"^ckpt-(\d{9})\.pt$")  # etj_trainer.checkpoint.store's names (ckpt-<steps done>.pt)
 
 
 @pytest.fixture(scope="module")
@@ -118,8 +132,10 @@ class Queues:
         where = f"/namespaces/{ns}" if ns else ""
         self.bed.kube.request("POST", f"{KUEUE}{where}/{plural}", body=body)
 
-    def preemptor(self, name: str, image: str) -> None:
-        """A batch/v1 Job at the high priority needing one worker's worth; it runs until DONE exists."""
+    def preemptor(self, name: str, image: str, workers: int = 1) -> None:
+        """A batch/v1 Job at the high priority needing ``workers`` workers' worth (one pod); it runs until
+        DONE exists."""
+        need = {r: _times(v, workers) for r, v in WORKER.items()}
         body = {
             "apiVersion": "batch/v1",
             "kind": "Job",
@@ -136,7 +152,7 @@ class Queues:
                                 "image": image,
                                 "imagePullPolicy": "Never",
                                 "command": ["sh", "-c", f"until [ -e {DONE} ]; do sleep 0.2; done"],
-                                "resources": {"requests": dict(WORKER), "limits": dict(WORKER)},
+                                "resources": {"requests": dict(need), "limits": dict(need)},
                             }
                         ],
                     }
@@ -144,6 +160,11 @@ class Queues:
             },
         }
         self.bed.kube.request("POST", f"/apis/batch/v1/namespaces/{self.ns}/jobs", body=body)
+
+    def evicted_warnings(self, job: str) -> list[JSON]:
+        """The job's KueueEvicted Warnings (the stop's resize Event, Normal, has the same reason)."""
+        events = self.bed.events(self.ns, job)
+        return [e for e in events if e.get("reason") == "KueueEvicted" and e.get("type") == "Warning"]
 
     def job_workload_admitted(self, job: str) -> bool:
         items = self.bed.kube.get(f"{KUEUE}/namespaces/{self.ns}/workloads").get("items") or []
@@ -157,6 +178,7 @@ class Queues:
     def delete(self) -> None:
         for path in (
             f"/apis/batch/v1/namespaces/{self.ns}/jobs/preemptor",
+            f"/apis/batch/v1/namespaces/{self.ns}/jobs/{BIG}",
             f"{KUEUE}/namespaces/{self.ns}/localqueues/lq",
             f"{KUEUE}/clusterqueues/{self.cq}",
             f"{KUEUE}/resourceflavors/{self.flavor}",
@@ -204,14 +226,39 @@ def _training(run: RunningJob, what: str, predicate: Callable[[], object], timeo
     return run.wait(what, check, timeout)
 
 
-def _preemptor_pod(run: RunningJob) -> str | None:
-    pods: list[Any] = run.bed.pods(run.ns, "job-name=preemptor")
+def _times(quantity: str, n: int) -> str:
+    """``n`` times a WORKER quantity ("1", "500m", "1Gi")."""
+    number = re.fullmatch(r"(\d+)(\D*)", quantity)
+    assert number is not None, quantity
+    return f"{int(number[1]) * n}{number[2]}"
+
+
+def _checkpoints(run: RunningJob) -> list[int]:
+    """The steps of the shared checkpoints (checkpoint.path in the shared directory), oldest first."""
+    folder = run.run_dir / "checkpoints"
+    names = [CKPT.match(f.name) for f in folder.iterdir()] if folder.is_dir() else []
+    return sorted(int(m[1]) for m in names if m is not None)
+
+
+def _logged_steps(run: RunningJob) -> dict[Path, list[int]]:
+    """The (1-based) steps each per-rank sample log file recorded; a file is one rank of one membership."""
+    out: dict[Path, list[int]] = {}
+    for f in sorted((run.run_dir / "samples").glob("samples-*.jsonl")):
+        complete = f.read_text().split("\n")[:-1]  # a line still being written is not one yet
+        out[f] = [json.loads(line)["step"] for line in complete if line.strip()]
+    return out
+
+
+def _preemptor_pod(run: RunningJob, name: str = "preemptor") -> str | None:
+    pods: list[Any] = run.bed.pods(run.ns, f"job-name={name}")
     running = [p["metadata"]["name"] for p in pods if p.get("status", {}).get("phase") == "Running"]
     return running[0] if running else None
 
 
 @pytest.mark.timeout(1800)
-def test_kueue_preemption_shrinks_the_job_in_place_and_freed_quota_grows_it_back(kueue: KindBed) -> None:
+def test_kueue_preemption_shrinks_in_place_grows_back_and_evicting_the_base_suspends_and_resumes(
+    kueue: KindBed,
+) -> None:
     job = two_worker_job(EPOCHS, MIN_STEP_S, spot_only=True)
     job["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
     # A preemption must count as no failure even where interruptions do.
@@ -252,12 +299,74 @@ def test_kueue_preemption_shrinks_the_job_in_place_and_freed_quota_grows_it_back
         after = _workers(run)
         assert after[base[0]]["metadata"]["uid"] == survivor["metadata"]["uid"]
         assert _restarts(after[base[0]]) == _restarts(survivor)
+
+        # Below min: a Job needing both workers' quota. Freeing the extra is not enough, so Kueue evicts
+        # the base too and the job stops like a suspend (every pod released after the just-in-time
+        # checkpoint), queued again; it resumes from that checkpoint when the Job finishes.
+        step_before = run.step()
+        sent = time.monotonic()
+        q.preemptor(BIG, kueue.trainer_image, workers=2)
+        _training(run, "the KueueEvicted Warning", lambda: q.evicted_warnings(run.name), 300)
+        evicted_s = time.monotonic() - sent
+        admitted = _condition(run, "KueueAdmitted")
+        assert admitted.get("status") == "False", admitted
+        assert admitted.get("reason") in ("Evicted", "Pending"), admitted  # Pending: queued again already
+        _training(
+            run,
+            "every pod of the job released",
+            lambda: not run.pods("worker") and not run.pods("rendezvous"),
+            300,
+        )
+        stopped_s = time.monotonic() - sent
+        big = _training(run, "the big Job's pod running", lambda: _preemptor_pod(run, BIG), 300)
+        big_s = time.monotonic() - sent
+        assert q.job_workload_admitted(BIG)
+        assert not run.pods("worker"), "a worker while the job's base waits for quota"
+        status = run.status()
+        assert not status.get("failures"), status
+        assert _condition(run, "KueueAdmitted").get("reason") == "Pending", status.get("conditions")
+        reasons = [r.get("reason") for r in status.get("resizeHistory") or []]
+        assert "KueueEvicted" in reasons, status.get("resizeHistory")
+        (warning,) = q.evicted_warnings(run.name)
+        assert "Preempted" in warning.get("message", ""), warning
+        # The stop's checkpoint: the newest shared one holds every step trained before it (the one in
+        # flight, logged before its commit, may have been rolled back).
+        logged = _logged_steps(run)
+        last_logged = max(s for steps in logged.values() for s in steps)
+        at_stop = _checkpoints(run)
+        assert at_stop, run.run_dir
+        stop_ckpt = at_stop[-1]
+        assert stop_ckpt >= max(step_before, last_logged - 1), (stop_ckpt, step_before, last_logged)
+        recorded = (status.get("lastCheckpoint") or {}).get("step")
+
+        out = kubectl(kueue, "exec", "-n", run.ns, big, "--", "touch", DONE, timeout=120)
+        assert out.returncode == 0, out.stderr
+        freed = time.monotonic()
+        # The base's one worker restarts from the checkpoint; the extra seat's worker joins it in place.
+        _training(
+            run,
+            "the job resumed, training past its checkpoint",
+            lambda: bool(run.running_on("worker")) and run.step() > stop_ckpt,
+            600,
+        )
+        resume_s = time.monotonic() - freed
+        _training(run, "the resumed job back at 2 workers", lambda: run.training_workers(2, 0), 600)
+        back_s = time.monotonic() - freed
+        assert _condition(run, "KueueAdmitted").get("status") == "True", run.status().get("conditions")
+        after_stop = {f: steps for f, steps in _logged_steps(run).items() if f not in logged and steps}
+        assert after_stop, "no sample log of a membership after the stop"
+        resumed = min(steps[0] for steps in after_stop.values())
+        assert resumed == stop_ckpt + 1, (resumed, stop_ckpt)  # from the stop's checkpoint, nothing redone
         result = run.result()
 
     status = result.status.get("status") or {}
     print(
         f"kueue on kind: admitted at 2 workers {admitted_s:.0f} s after the queues; preemptor in, job at 1 "
-        f"{shrink_s:.1f} s after it was created; back at 2 {regrow_s:.1f} s after it finished"
+        f"{shrink_s:.1f} s after it was created; back at 2 {regrow_s:.1f} s after it finished; the big Job: "
+        f"KueueEvicted {evicted_s:.1f} s, every pod gone {stopped_s:.1f} s, its pod running {big_s:.1f} s "
+        f"after it was created; status step {step_before} before it, last logged step {last_logged}, "
+        f"checkpoint at the stop {stop_ckpt} (status.lastCheckpoint {recorded}); after it finished: training "
+        f"again from step {resumed} {resume_s:.1f} s, back at 2 workers {back_s:.1f} s"
     )
     assert result.phase == "Succeeded", (run.run_dir, status.get("conditions"))
     assert not status.get("failures"), status
@@ -266,4 +375,5 @@ def test_kueue_preemption_shrinks_the_job_in_place_and_freed_quota_grows_it_back
     assert preempted and preempted[0]["from"] == 2 and preempted[0]["to"] == 1, history
     assert not preempted[0].get("stepsLost"), preempted  # a graceful leave redoes no step
     assert any(r["from"] == 1 and r["to"] == 2 for r in history[history.index(preempted[0]) :]), history
+    assert any(r.get("reason") == "KueueEvicted" and r["to"] == 0 for r in history), history
     exactly_once(run.run_dir, EPOCHS)
