@@ -132,6 +132,10 @@ class E2EConfig:
         )
 
 
+# How far an elastic run's final accuracy may be from the same job's fixed-size run, in percentage points.
+ACCURACY_POINTS = 0.5
+
+
 def demo_job() -> dict[str, Any]:
     """A fresh copy of the demo's job (examples/demo-cpu.yaml), for a test to adjust."""
     job: dict[str, Any] = yaml.safe_load((REPO / "examples" / "demo-cpu.yaml").read_text())

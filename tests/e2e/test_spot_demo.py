@@ -17,13 +17,12 @@ from typing import Any
 import pytest
 
 from etj_testbed.demo.script import DemoResult, Script
-from tests.e2e.e2econfig import E2EConfig, demo_job
+from tests.e2e.e2econfig import ACCURACY_POINTS, E2EConfig, demo_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 CONFIG = E2EConfig.from_env()
 EPOCHS = CONFIG.epochs  # long enough for an interruption and a return
-ACCURACY_POINTS = 0.5
 MIN_STEP_SECONDS = 0.5  # ~90 steps after the interruption: >= 45 s for the joiner to arrive
 
 

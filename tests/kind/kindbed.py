@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from etj_testbed.demo.local import Demo
-from etj_testbed.demo.script import DemoResult, Script
+from etj_testbed.demo.script import DemoResult, Script, add_validation_data
 from etj_testbed.localcluster import toolchain
 from etj_testbed.localcluster.proclet.kube import Kube
 from tests.e2e.e2econfig import E2EConfig, demo_job
@@ -226,6 +226,50 @@ def two_worker_job(epochs: int, min_step_s: float, spot_only: bool = False, **tr
     job["spec"]["trainer"]["env"].append({"name": "ETJ_MIN_STEP_SECONDS", "value": str(min_step_s)})
     job["spec"]["trainer"].update(trainer)
     return job
+
+
+# The variables run_local sets itself (the local job's size, rendezvous and store) or that name the pod's
+# cluster (addresses, paths inside the image); everything else is the job's training as the operator
+# passes it to a worker.
+_LOCAL_OWN = (
+    "JOB_NAME",
+    "NAMESPACE",
+    "WORKER_ID",
+    "RDZV_ENDPOINT",
+    "RDZV_ID",
+    "MIN_WORKERS",
+    "MAX_WORKERS",
+    "STARTUP_WORKERS",
+    "STORE_WAIT_SECONDS",
+    "CHECKPOINT_DIR",
+    "CHECKPOINT_URI",
+    "PROGRESS_URL",
+    "PROGRESS_TOKEN",
+    "MIN_STEP_SECONDS",
+)
+
+
+def fixed_reference_accuracy(job: JSON, workers: int, log_dir: Path) -> float:
+    """The accuracy of ``job`` trained at a fixed ``workers`` from start to end, never resized: the same
+    trainer, recipe, seed and validation data as its pods get (the operator's own ``worker_env``), run on
+    this host by etj-train's local launcher, unpaced. What an elastic run through any resizes must match."""
+    from etj_contract import env as etj_env
+    from etj_operator.api.models import ElasticTrainingJobSpec
+    from etj_operator.decide.objects.pod_env import worker_env
+    from etj_trainer.agent.local_launcher import run_local
+
+    spec = ElasticTrainingJobSpec.model_validate(job["spec"])
+    pod_env = worker_env(spec, job="reference", namespace="local", uid="reference", pod="w", token_secret="t")
+    add_validation_data(pod_env)  # as the demo's machinery gives the job on kind: its accuracy is reported
+    own = {getattr(etj_env, name).name for name in _LOCAL_OWN}
+    env = {
+        e["name"]: e["value"]
+        for e in pod_env
+        if "value" in e and e["name"] not in own and e["name"] != "HOME"
+    }
+    result = run_local(workers, [], env, log_dir, timeout_s=1200)
+    assert result.get("finished") is True, result
+    return float(result["accuracy"])  # type: ignore[arg-type]
 
 
 def exactly_once(run_dir: Path, epochs: int) -> None:

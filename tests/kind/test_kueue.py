@@ -42,8 +42,18 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from etj_testbed.localcluster.proclet.kube import MERGE
+from tests.e2e.e2econfig import ACCURACY_POINTS
 from tests.kind.conftest import kind_script
-from tests.kind.kindbed import JSON, KindBed, RunningJob, exactly_once, kubectl, running_job, two_worker_job
+from tests.kind.kindbed import (
+    JSON,
+    KindBed,
+    RunningJob,
+    exactly_once,
+    fixed_reference_accuracy,
+    kubectl,
+    running_job,
+    two_worker_job,
+)
 
 
 def _why_no_kueue() -> str | None:
@@ -257,7 +267,7 @@ def _preemptor_pod(run: RunningJob, name: str = "preemptor") -> str | None:
 
 @pytest.mark.timeout(1800)
 def test_kueue_preemption_shrinks_in_place_grows_back_and_evicting_the_base_suspends_and_resumes(
-    kueue: KindBed,
+    kueue: KindBed, tmp_path: Path
 ) -> None:
     job = two_worker_job(EPOCHS, MIN_STEP_S, spot_only=True)
     job["metadata"]["labels"] = {QUEUE_LABEL: "lq"}
@@ -377,3 +387,9 @@ def test_kueue_preemption_shrinks_in_place_grows_back_and_evicting_the_base_susp
     assert any(r["from"] == 1 and r["to"] == 2 for r in history[history.index(preempted[0]) :]), history
     assert any(r.get("reason") == "KueueEvicted" and r["to"] == 0 for r in history), history
     exactly_once(run.run_dir, EPOCHS)
+    # Through a preemption, a grow-back, a suspension and a resume, the job ends where an unpreempted run of
+    # it at 2 workers ends (the recipe's fixed global batch; the demo's tolerance).
+    accuracy = float((status.get("progress") or {}).get("accuracy") or 0)
+    reference = fixed_reference_accuracy(job, 2, tmp_path / "fixed")
+    print(f"kueue on kind: accuracy {accuracy:.4f}, the same job unpreempted at 2 workers {reference:.4f}")
+    assert abs(accuracy - reference) * 100 <= ACCURACY_POINTS, (accuracy, reference)
