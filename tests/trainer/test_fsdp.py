@@ -484,12 +484,16 @@ def test_hsdp_refuses_a_world_that_is_not_whole_shard_groups() -> None:
 # ---- end to end: etj-train local, leaves, joins and kills through the restart path -------------------------
 
 E2E_SAMPLES = 1438  # the digits: 45 steps of 32 an epoch, 2 epochs
+E2E_STEP_S = 0.8
 
 
 def _e2e_env(tmp: Path, tiny_job_env: Callable[..., dict[str, str]], **kw: str) -> dict[str, str]:
-    """The tiny digits job as FSDP, its DCP checkpoints in ``tmp/ckpt``."""
+    """The tiny digits job as FSDP, its DCP checkpoints in ``tmp/ckpt``. Paced at 0.8 s a step, so a join
+    scheduled at step 30 or earlier has 48 s or more to start before the job ends: at 0.3 s (18 s) a
+    joiner's start on a loaded machine missed the end in a clean-clone run, and the run finished without
+    the join."""
     env: dict[str, str] = tiny_job_env(
-        tmp, ETJ_EPOCHS="2", ETJ_MIN_STEP_SECONDS="0.3", ETJ_PARALLELISM="FSDP", **kw
+        tmp, ETJ_EPOCHS="2", ETJ_MIN_STEP_SECONDS=str(E2E_STEP_S), ETJ_PARALLELISM="FSDP", **kw
     )
     return {**env, "ETJ_CHECKPOINT_DIR": str(tmp / "ckpt")}
 
