@@ -17,7 +17,8 @@ too and the job stops like a suspend (a `KueueEvicted` Warning, every worker and
 the trainer's just-in-time checkpoint, no failure counted, queued again); when that Job finishes Kueue
 admits the base again and the job resumes from the stop's checkpoint (its first step after it is the one
 after the checkpoint, which holds every step trained before the stop). It must then succeed with every
-sample trained exactly once per epoch.
+sample trained exactly once per epoch, and end at the accuracy of the same job trained unpreempted at 2
+workers (the demo's tolerance).
 
 One test, phases in a row: each phase needs a job admitted and training (the second worker's first start
 takes up to two minutes here), so a second test would pay the setup again for nothing it could share.
