@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
+from etj_contract.progress import StatePath
 from etj_operator.api.models import TrainingSpec
 from etj_operator.decide.objects.pod_env import recipe_env
 from etj_testbed import worldsim
@@ -206,13 +207,14 @@ def _two_ranks(rank: int, size: int, out: Path) -> None:
     # mixed precision: float32 parameters in the forward and backward, float64 reduction and weights
     mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float64)
     _train(_cfg(None, "FSDP"), out, "fsdp2_mp", mp=mp)
-    # the restart path of a resize: rank 1 leaves at LEAVE_AT, in-place resizes would be on (an agent's
-    # state file and an external store named), and the world must stop and checkpoint instead
-    # and each rank a node of its own, so that rank 0 survives (a node's ranks leave together)
+    # the restart path of a sharded resize: rank 1 leaves at LEAVE_AT, in-place resizes would be on (an
+    # agent's state file and an external store named) but 1 survivor is below the minimum of 2, so the
+    # world must stop and checkpoint; each rank a node of its own, so that rank 0 survives (a node's ranks
+    # leave together)
     os.environ.update(ETJ_AGENT_STATE_FILE=str(out / "agent.state"), ETJ_RDZV_ENDPOINT="127.0.0.1:1")
     os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     leave = _Leave(LEAVE_AT) if rank == 1 else None
-    _train(_cfg(out / "left", "FSDP"), out, "left", stop=leave)
+    _train(_cfg(out / "left", "FSDP", min_workers=2), out, "left", stop=leave)
 
 
 def _three_ranks(rank: int, size: int, out: Path) -> None:
@@ -340,12 +342,13 @@ def test_a_checkpoint_written_at_two_ranks_loads_at_another_size(
     assert loaded["iteration"] == written["iteration"] == STEPS  # DynamicSGD's own state came along
 
 
-def test_a_leave_under_fsdp_takes_the_restart_path_and_resumes_at_another_size(
+def test_a_leave_below_the_minimum_under_fsdp_takes_the_restart_path_and_resumes_at_another_size(
     worlds: Callable[[str], dict[str, Any]],
 ) -> None:
-    """In-place resizes on (agent and store named), rank 1 leaves at step 3: the sharded world does not
-    re-form in place -- every rank stops after that step with a checkpoint -- and a world of 3 resumes
-    from it, resharded, and ends equal to the uninterrupted DDP run."""
+    """In-place resizes on (agent and store named), rank 1 leaves at step 3 and one survivor is below the
+    minimum of 2: the sharded world does not re-form in place -- every rank stops after that step with a
+    checkpoint -- and a world of 3 resumes from it, resharded, and ends equal to the uninterrupted DDP
+    run."""
     left, resumed, ddp = worlds("left"), worlds("resumed_at3"), worlds("ddp2")
     assert (left["step"], left["stopped_early"]) == (LEAVE_AT, True)
     assert sorted(p.name for p in (left["dir"] / "left").iterdir()) == [f"dcp-{LEAVE_AT:09d}"]
@@ -531,17 +534,22 @@ def fixed_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[dict[str, s
     return run
 
 
+IN_PLACE, RESTART = str(StatePath.IN_PLACE_RESHARDED), str(StatePath.RESTART)
+
+
 def _elastic_run(
-    tmp_path: Path, env: dict[str, str], schedule: str, resizes: list[tuple[int, int]]
+    tmp_path: Path, env: dict[str, str], schedule: str, resizes: list[tuple[int, int, str]]
 ) -> tuple[str, dict[str, torch.Tensor]]:
     """``etj-train local`` with 2 agents under ``schedule``: it finishes through the expected resizes
-    (each a restart of the world from the newest DCP checkpoint, resharded), every sample of each epoch
-    once; returns the workers' logs and the final weights."""
+    (from, to, the path the state took: resharded in memory in place, or a restart of the world from
+    the newest DCP checkpoint, resharded), every sample of each epoch once; returns the workers' logs
+    and the final weights."""
     result = run_local(2, parse_schedule(schedule), env, tmp_path / "logs", timeout_s=600, wait_whole=True)
     assert result.get("finished") is True, result
-    assert [(r["from"], r["to"]) for r in result["resizes"]] == resizes  # type: ignore[attr-defined]
+    got = [(r["from"], r["to"], r.get("statePath")) for r in result["resizes"]]  # type: ignore[attr-defined]
+    assert got == resizes, result
     logs = "".join(f.read_text(errors="replace") for f in (tmp_path / "logs").glob("worker-*.log"))
-    assert "in process" not in logs and logs.count("ETJ_RESULT ") == 1
+    assert logs.count("ETJ_RESULT ") == 1
     per_epoch = consumed_per_epoch(tmp_path / "samples")
     assert sorted(per_epoch) == [0, 1]
     assert all(sorted(ids) == list(range(E2E_SAMPLES)) for ids in per_epoch.values())
@@ -551,18 +559,21 @@ def _elastic_run(
 
 
 @pytest.mark.slow
-def test_a_sharded_job_resizes_through_the_restart_path_exactly_once_and_equal(
+def test_a_sharded_job_resizes_in_place_exactly_once_and_equal(
     tmp_path: Path,
     tiny_job_env: Callable[..., dict[str, str]],
     fixed_run: Callable[[dict[str, str], str], tuple[int, Any]],
 ) -> None:
-    """Two agents, FSDP: a node leaves at step 15 and one joins at step 30. Each resize restarts the world
-    from the newest checkpoint, resharded (2 -> 1 -> 2), the reason logged; every sample once per epoch,
-    and the final weights equal a fixed 2-rank DDP run within 1e-9."""
+    """Issue 41 item 2, two agents, FSDP: a node leaves at step 15 and one joins at step 30. Both resizes
+    happen in process (2 -> 1 -> 2): the leaving rank's shards are handed over before it goes, the joiner
+    gets the state from rank 0, and the survivors reshard in memory -- one world start, no checkpoint
+    written or read; the records say InPlaceResharded. Every sample once per epoch, and the final
+    weights equal a fixed 2-rank DDP run within 1e-9."""
     env = _e2e_env(tmp_path, tiny_job_env)
-    logs, weights = _elastic_run(tmp_path, env, "15:-1,30:+1", [(2, 1), (1, 2)])
-    assert "restart the world (in-process resize disabled (parallelism FSDP" in logs
-    assert logs.count("ready at step") == 3  # a world start per size
+    logs, weights = _elastic_run(tmp_path, env, "15:-1,30:+1", [(2, 1, IN_PLACE), (1, 2, IN_PLACE)])
+    assert "resizing 2->1 in process" in logs and "resizing 1->2 in process" in logs
+    assert logs.count("ready at step") == 1  # the first world's start only: nothing restarted
+    assert "resharded onto" not in logs  # no checkpoint was loaded
     _close(weights, fixed_run(env, "DDP")[1])
 
 
@@ -579,12 +590,17 @@ def test_a_sharded_job_through_a_leave_a_join_and_a_sigkill_ends_equal_to_fixed_
     schedule: str,
 ) -> None:
     """Issue 41 item 3, with real process kills: two agents, FSDP, checkpoints every 5 steps; a node
-    leaves (SIGTERM), one joins, and a node is SIGKILLed with its workers (the survivor's collective
-    fails; the world restarts from the newest checkpoint, at most 5 steps back, resharded). Every sample
-    once per epoch, one result, and the final weights equal a fixed FSDP run's and a fixed DDP run's
-    within the DDP proofs' 1e-9."""
+    leaves (SIGTERM: in place, resharded), one joins (in place), and a node is SIGKILLed with its workers
+    (its shards are gone: the survivor's collective fails and the world restarts from the newest
+    checkpoint, at most 5 steps back, resharded). Every sample once per epoch, one result, and the final
+    weights equal a fixed FSDP run's and a fixed DDP run's within the DDP proofs' 1e-9."""
     env = _e2e_env(tmp_path, tiny_job_env, ETJ_CHECKPOINT_INTERVAL_STEPS="5")
-    _, weights = _elastic_run(tmp_path, env, schedule, [(2, 1), (1, 2), (2, 1)])
+    paths = {"-1": IN_PLACE, "+1": IN_PLACE, "!1": RESTART}
+    expect = [
+        (a, b, paths[e.split(":")[1]])
+        for (a, b), e in zip([(2, 1), (1, 2), (2, 1)], schedule.split(","), strict=True)
+    ]
+    _, weights = _elastic_run(tmp_path, env, schedule, expect)
     _close(weights, fixed_run(env, "FSDP")[1])
     _close(weights, fixed_run(env, "DDP")[1])
 

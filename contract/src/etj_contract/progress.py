@@ -60,6 +60,14 @@ class TrainerResize(StrEnum):
     SCALE_DOWN = "scale-down"
 
 
+class StatePath(StrEnum):
+    """How the trained state crossed a resize (a record's ``path``; status.resizeHistory[].statePath)."""
+
+    IN_PLACE = "InPlace"  # kept in memory by the ranks that stayed; a joiner got it from a peer
+    IN_PLACE_RESHARDED = "InPlaceResharded"  # sharded: gathered before the change, resharded in memory
+    RESTART = "Restart"  # the world restarted and restored the newest checkpoint (resharded if sharded)
+
+
 @dataclass(frozen=True)
 class ResizeRecord:
     """One change of the trainer's world size, as the trainer saw it: ``from_``/``to`` count ranks (the
@@ -75,6 +83,7 @@ class ResizeRecord:
     reason: str = ""
     pause_seconds: float | None = None
     steps_lost: int | None = None
+    path: str = ""  # a StatePath; empty from a trainer older than the field
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -87,6 +96,8 @@ class ResizeRecord:
             out["pauseSeconds"] = self.pause_seconds
         if self.steps_lost is not None:
             out["stepsLost"] = self.steps_lost
+        if self.path:
+            out["statePath"] = self.path
         return out
 
     @classmethod
@@ -98,6 +109,7 @@ class ResizeRecord:
         if not isinstance(time, str) or not _count(frm) or not _count(to):
             return None
         pause, lost, reason = raw.get("pauseSeconds"), raw.get("stepsLost"), raw.get("reason")
+        path = raw.get("statePath")
         return cls(
             time=time,
             from_=frm,
@@ -105,6 +117,7 @@ class ResizeRecord:
             reason=reason if isinstance(reason, str) else "",
             pause_seconds=float(pause) if _nonneg_number(pause) else None,
             steps_lost=lost if _count(lost) else None,
+            path=path if path in set(StatePath) else "",
         )
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field
 
+from etj_contract.progress import StatePath
 from etj_operator.api._base import ApiModel, Time
 from etj_operator.api.schedule import CostStatus, ScheduleStatus, WorkersByCapacity
 
@@ -144,6 +145,14 @@ class ResizeEvent(StatusModel):
     pause_seconds: float | None = Field(default=None, ge=0, description="Seconds without training steps.")
     steps_lost: int | None = Field(
         default=None, ge=0, description="Optimizer steps redone because they were after the last checkpoint."
+    )
+    state_path: StatePath | None = Field(
+        default=None,
+        description="How the trained state crossed the resize, as the trainer measured it: InPlace (kept "
+        "in memory by the ranks that stayed; joiners got it from a peer), InPlaceResharded (a sharded "
+        "state, FSDP: every tensor gathered from the old world before it changed, the leaving ranks' shards "
+        "included, and resharded onto the new one in memory) or Restart (the world restarted from the "
+        "newest checkpoint, resharded onto the new world for a sharded state: stepsLost says what it cost).",
     )
     unmeasured_reason: Annotated[str, Field(max_length=64)] | None = Field(
         default=None,

@@ -23,16 +23,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from etj_contract.progress import StatePath
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.batching.plan import ResizePolicy, plan_step
 from etj_trainer.batching.sampler import ElasticSampler
 from etj_trainer.checkpoint.store import CheckpointStore, StateWriter
-from etj_trainer.config import TrainConfig
+from etj_trainer.config import Parallelism, TrainConfig
 from etj_trainer.core import devices
 from etj_trainer.core.progress import ProgressReporter
 from etj_trainer.core.sample_log import SampleLog
 from etj_trainer.core.stopping import mark_training_done
 from etj_trainer.core.world import StopFlag, World, incarnation, installed
+from etj_trainer.loop._reshard import Resharder
 from etj_trainer.loop._sharding import ShardedCheckpoints
 from etj_trainer.loop._state import TrainState
 from etj_trainer.loop.loader import Loader
@@ -76,6 +78,10 @@ class Engine:
         self.writer = StateWriter(self.ckpts, cfg.local_snapshot_interval_s)
         # FSDP/HSDP: the state is sharded; its checkpoints are DCP's, written by every rank (_sharding.py)
         self.sharded = ShardedCheckpoints(cfg) if cfg.sharded else None
+        # FSDP: resizes in place, the shards handed over and resharded in memory (_reshard.py); HSDP's mesh
+        # needs whole shard groups, so it keeps the restart path
+        self.resharder: Resharder | None = None  # set by setup_model under FSDP
+        self._handover: dict[str, Any] | None = None  # the whole state, gathered in the old world
         self.model: ElasticModule | None = None  # the wrapper of state.module that training calls
         self.loaders: list[Loader[Any]] = []  # closed with the job (their streams, DataLoader workers)
         self.membership: Membership | None = None
@@ -171,12 +177,12 @@ class Engine:
         decision = regroup.decide(
             codes,
             cfg.min_ranks,
-            w.dist_on and regroup.enabled_from_env() and not cfg.sharded,
+            w.dist_on and regroup.enabled_from_env() and not self._hsdp,
             procs_per_node=w.local_size,
-            # Refused clearly, not attempted: the in-place paths move whole replicas (issue 41 item 2)
-            disabled=f"parallelism {cfg.parallelism.value}: a sharded state resizes through the restart "
-            "path, from the newest checkpoint resharded onto the new world"
-            if cfg.sharded
+            # Refused clearly, not attempted: HSDP's mesh is whole shard groups
+            disabled="parallelism HSDP: its shard groups resize through the restart path, from the newest "
+            "checkpoint resharded onto the new world"
+            if self._hsdp
             else None,
         )
         self.survivors_go_on = decision.in_process
@@ -189,7 +195,11 @@ class Engine:
         # state in memory, so they skip it and go on at once. Otherwise in the background: the shared copy
         # on its interval, the node-local one every local_snapshot_interval_s.
         w, cfg, step = self.world, self.config, self.state.steps_done
-        if self.sharded is not None:
+        if self.resharder is not None and stop_now and self.survivors_go_on:
+            # An in-place resize of a sharded state: every rank of the old world, the leaving ones too,
+            # gathers the whole state (the hand-over; _reshard.py); nothing is written
+            self._handover = self.resharder.gather(self.state, w.size)
+        elif self.sharded is not None:
             # Every rank takes part (DCP is a collective) and synchronously: a background thread's
             # collectives would interleave with the steps'. No node-local copy: a node holds its shards only.
             shared_due = cfg.checkpoint_interval_steps > 0 and step % cfg.checkpoint_interval_steps == 0
@@ -367,8 +377,9 @@ class Engine:
             # ramps from the multiplier in force to this world's
             self.state.optimizer.set_target(plan.lr_target)
         inc = self.incarnation = incarnation(w.dist_on)
-        # heartbeat under this membership's id; rank 0 opens the join door (not for a sharded state)
-        self.inplace.enter(w, inc, allowed=not cfg.sharded)
+        # heartbeat under this membership's id; rank 0 opens the join door (not under HSDP); a crash of a
+        # sharded state takes the restart path (the dead rank's shards are gone)
+        self.inplace.enter(w, inc, allowed=not self._hsdp, crash_in_place=not cfg.sharded)
         samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
         self.model.train()
         m = self.membership = Membership(w, plan, inc, cfg, self.state, ddp, samples_log)
@@ -379,7 +390,8 @@ class Engine:
         t0 = time.monotonic()
         if self.membership is not None:
             self.membership.ddp = None  # the old group's wrapper goes with the group
-        changed = self.inplace.regroup(self, to)
+        changed = self.inplace.regroup(self, to, self._reshard if self.resharder is not None else None)
+        self._handover = None
         if changed is None:
             return Next.NEW_MEMBERSHIP  # the joiners withdrew, or there was no room: the same world goes on
         old_size, self.world = changed
@@ -389,6 +401,18 @@ class Engine:
             f"(world re-formed, state agreed in {time.monotonic() - t0:.2f} s)",
             flush=True,
         )
-        self.report.resized_in_process(old_size, self.world, step, self.config.progress_url)
+        path = StatePath.IN_PLACE_RESHARDED if self.resharder is not None else StatePath.IN_PLACE
+        self.report.resized_in_process(old_size, self.world, step, self.config.progress_url, path)
         self.survivors_go_on = False  # every rank of the old group that goes on is in the new one
         return Next.NEW_MEMBERSHIP
+
+    @property
+    def _hsdp(self) -> bool:
+        return self.config.parallelism == Parallelism.HSDP
+
+    def _reshard(self, _job: object, world: World, behind: bool) -> None:
+        """inplace.Sync for a sharded state: the hand-over to whoever lacks it, a module sharded on the new
+        mesh, the state resharded into it (loop/_reshard.py); the loop trains through the new module."""
+        assert self.resharder is not None and self.model is not None
+        held = None if behind else self._handover
+        self.model.module = self.resharder.adopt(self.state, self.config, world, held)

@@ -119,7 +119,7 @@ class ShardedCheckpoints:
         assert state.module is not None and state.optimizer is not None
         model, optim = get_state_dict(state.module, state.optimizer)
         rest = state.rest_state(world.size)
-        rest["optimizer_extra"] = _optimizer_extra(state.optimizer)
+        rest["optimizer_extra"] = optimizer_extra(state.optimizer)
         path = sharded.save(
             self.directory,
             state.steps_done,
@@ -156,7 +156,7 @@ class ShardedCheckpoints:
         return path
 
 
-def _optimizer_extra(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def optimizer_extra(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer's state dict beyond ``state`` and ``param_groups`` (DynamicSGD's ramp), which
     ``get_state_dict`` drops."""
     return {k: v for k, v in optimizer.state_dict().items() if k not in ("state", "param_groups")}

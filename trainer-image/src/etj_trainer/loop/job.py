@@ -20,10 +20,17 @@ from torch.utils.data import Dataset
 
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.batching.plan import ResizePolicy
-from etj_trainer.config import ConfigIgnored, TrainConfig, config_for_job, ignored_by_own_optimizer
+from etj_trainer.config import (
+    ConfigIgnored,
+    Parallelism,
+    TrainConfig,
+    config_for_job,
+    ignored_by_own_optimizer,
+)
 from etj_trainer.core.world import StopFlag, World
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop._engine import Engine
+from etj_trainer.loop._reshard import Resharder
 from etj_trainer.loop._sharding import WrapPolicy, shard_model
 from etj_trainer.loop._state import RESERVED, Stateful
 from etj_trainer.loop.loader import Loader, make_loader
@@ -118,6 +125,8 @@ class Job:
         module = module.to(self.device)
         if self.config.sync_batchnorm and engine.world.dist_on:
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+        if self.config.parallelism == Parallelism.FSDP:  # its template: an in-place resize shards it again
+            engine.resharder = Resharder.capture(module, shard, mixed_precision)
         module = shard_model(module, self.config, engine.world, shard, mixed_precision)
         engine.model = ElasticModule(module, engine)
         engine.state.module = module

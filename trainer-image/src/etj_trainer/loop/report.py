@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from etj_contract.progress import ProgressDoc, ResizeRecord, TrainerResize
+from etj_contract.progress import ProgressDoc, ResizeRecord, StatePath, TrainerResize
 from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.checkpoint.store import StateWriter
 from etj_trainer.config import TrainConfig
@@ -48,6 +48,7 @@ class Report:
     restored_step: int  # the step this membership started from
     resize_pending: bool  # the next committed step writes a resize record
     last_reported_step: object = None  # what the operator last heard (steps lost in a restart)
+    path: StatePath = StatePath.RESTART  # how the state crossed the pending resize
 
     @classmethod
     def start(cls, url: str, world: World, meta: dict[str, Any], step: int, joiner: bool) -> Report:
@@ -62,8 +63,10 @@ class Report:
             report.last_reported_step = (get_json(url) or {}).get("step")
         return report
 
-    def resized_in_process(self, old_size: int, world: World, step: int, url: str) -> None:
-        self.prev_world, self.resize_pending = old_size, True
+    def resized_in_process(
+        self, old_size: int, world: World, step: int, url: str, path: StatePath = StatePath.IN_PLACE
+    ) -> None:
+        self.prev_world, self.resize_pending, self.path = old_size, True, path
         self.restored_step, self.last_reported_step = step, None
         if world.rank == 0 and not self.reporter.url:  # a new rank 0 starts reporting
             self.reporter = ProgressReporter(url)
@@ -83,9 +86,10 @@ class Report:
                 "reason": str(TrainerResize.SCALE_UP if grew else TrainerResize.SCALE_DOWN),
                 "pauseSeconds": round(time.time() - float(meta.get("last_step_time", time.time())), 3),
                 "stepsLost": lost,
+                "statePath": str(self.path),
             },
         ]
-        print(f"etj: resize {self.prev_world}->{world.size} done at step {step}", flush=True)
+        print(f"etj: resize {self.prev_world}->{world.size} done at step {step} ({self.path})", flush=True)
 
     def report(self, job: Reported, stop_now: bool) -> None:
         """Rank 0, at a step boundary (forced when the world stops or just resized)."""

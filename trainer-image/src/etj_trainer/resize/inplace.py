@@ -18,6 +18,7 @@ side of them, split out of loop/job.py so the loop API reads as a loop and this 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +59,9 @@ class ResizingJob(Protocol):
 
 
 Resize = regroup.Regroup | recover.Lost | join.Ticket  # what a world changes in process for
+# After a re-form, every rank of the new world takes the newest state: (job, new world, behind: this rank
+# holds no state yet, a joiner). ``sync_state`` for a replicated state; loop/_reshard.py's for a sharded one.
+Sync = Callable[[ResizingJob, World, bool], None]
 
 
 @dataclass
@@ -69,10 +73,15 @@ class InPlace:
     last_failed_step: int | None = None  # the committed step at the last in-place crash recovery
     states_agree: bool = False  # every rank of the new membership holds the same state (in-process resize)
 
-    def enter(self, world: World, incarnation: float, allowed: bool = True) -> None:
+    crash_in_place: bool = True  # False (a sharded state): a crash takes the restart path
+
+    def enter(
+        self, world: World, incarnation: float, allowed: bool = True, crash_in_place: bool = True
+    ) -> None:
         """A membership starts: beat under its id; rank 0 opens the join door (once per process).
-        ``allowed`` False (a sharded state): no heartbeat and no door, so a crash and a joiner take the
-        restart path."""
+        ``allowed`` False (HSDP): no heartbeat and no door, so a crash and a joiner take the restart path;
+        ``crash_in_place`` False (FSDP: a dead rank's shards are gone): only a crash does."""
+        self.crash_in_place = crash_in_place
         if self.watch is None:
             enabled = allowed and world.dist_on and regroup.enabled_from_env()
             self.watch = recover.watch(enabled, incarnation, world.rank)
@@ -85,19 +94,21 @@ class InPlace:
         return join.code(self.door)
 
     def lost_or_raise(self, exc: BaseException, step: int, since_step_s: float) -> recover.Lost:
-        return recover.lost_or_raise(exc, self.watch is not None, self.last_failed_step, step, since_step_s)
+        enabled = self.watch is not None and self.crash_in_place
+        return recover.lost_or_raise(exc, enabled, self.last_failed_step, step, since_step_s)
 
-    def regroup(self, job: ResizingJob, to: Resize) -> tuple[int, World] | None:
+    def regroup(self, job: ResizingJob, to: Resize, sync: Sync | None = None) -> tuple[int, World] | None:
         """Re-form the world for ``to``; returns (the old size, the new world), or None when nothing
         changed (the joiners withdrew, or there was no room). Raises the step's error when a crash cannot
         be recovered in place (left out, or fewer survivors than the minimum)."""
         w, cfg = job.world, job.config
+        sync = sync or sync_state
         membership = f"{job.incarnation:.6f}"
         old_size = w.size
         if isinstance(to, join.Ticket):  # this rank joins: its first group, then the state from rank 0
             regroup.reform(to.key, to.rank, to.size)
             old_size = to.old_size
-            sync_state(job, World.current(), behind=True)
+            sync(job, World.current(), True)
         elif isinstance(to, regroup.Regroup) and to.admit:  # old ranks keep their numbers; joiners after
             # the job's maximum as the operator last set it: `kubectl scale` after this world started
             max_ranks = bounds.max_workers(cfg.progress_url, cfg.max_workers) * w.local_size
@@ -105,13 +116,15 @@ class InPlace:
             if not adm.joiners:
                 return None
             regroup.reform(adm.key, w.rank, adm.new_size)
-            sync_state(job, World.current())
+            sync(job, World.current(), False)
         elif isinstance(to, recover.Lost):
             recover.recover_in_place(to, membership, w.rank, w.size, cfg.min_workers * w.local_size)
             self.last_failed_step = job.state.steps_done
-            sync_state(job, World.current())
+            sync(job, World.current(), False)
         else:
             regroup.reform(f"{membership}/{job.state.steps_done}", to.new_rank(w.rank), len(to.survivors))
+            if sync is not sync_state:  # a replicated state is already everywhere after a leave
+                sync(job, World.current(), False)
         self.states_agree = True
         return old_size, World.current()
 

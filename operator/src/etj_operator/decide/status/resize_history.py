@@ -168,6 +168,7 @@ def merge_resizes(
             match.time = rep.time
             match.pause_seconds = rep.pause_seconds
             match.steps_lost = rep.steps_lost
+            match.state_path = rep.state_path
             match.reason = match.reason or rep.reason
             match.unmeasured_reason = None
         else:
