@@ -87,6 +87,27 @@ def test_trainer_resize_enriches_the_operator_record_once() -> None:
     assert merge_resizes(merged, _records(reported)) == merged  # idempotent on the next poll
 
 
+@pytest.mark.parametrize("path", ["InPlace", "InPlaceResharded", "Restart"])
+def test_the_path_the_state_took_reaches_status(path: str) -> None:
+    """Issue 41 item 2: the trainer's record says how the state crossed the resize (a sharded state
+    resharded in memory, or a restart from the checkpoint); status.resizeHistory carries it beside the
+    operator's reason and the measured cost."""
+    ours = [_ev(0, 2, 1, "SpotInterruption")]
+    at = (NOW + timedelta(seconds=3)).isoformat()
+    reported = [{"time": at, "from": 2, "to": 1, "pauseSeconds": 1.5, "stepsLost": 0, "statePath": path}]
+    (merged,) = merge_resizes(ours, _records(reported))
+    assert (merged.reason, merged.state_path, merged.pause_seconds) == ("SpotInterruption", path, 1.5)
+    assert merged.to_dict()["statePath"] == path
+    appended = merge_resizes([], _records(reported))  # no operator record yet: the trainer's, as it is
+    assert appended[0].state_path == path
+
+
+def test_an_unknown_state_path_is_dropped_not_fatal() -> None:
+    (record,) = _records([{"time": NOW.isoformat(), "from": 2, "to": 1, "statePath": "Teleported"}])
+    assert record.path == "" and "statePath" not in record.to_json()
+    assert merge_resizes([], [record])[0].state_path is None
+
+
 def test_progress_in_ranks_and_resizes_in_pods_with_two_processes_per_pod() -> None:
     # The trainer counts ranks (worldSize 4, a 4 -> 2 resize); status counts the resize in worker pods, so
     # the trainer's record of a pod leaving enriches the operator's 2 -> 1 instead of standing beside it.

@@ -207,11 +207,10 @@ def _two_ranks(rank: int, size: int, out: Path) -> None:
     # mixed precision: float32 parameters in the forward and backward, float64 reduction and weights
     mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float64)
     _train(_cfg(None, "FSDP"), out, "fsdp2_mp", mp=mp)
-    # the restart path of a sharded resize: rank 1 leaves at LEAVE_AT, in-place resizes would be on (an
-    # agent's state file and an external store named) but 1 survivor is below the minimum of 2, so the
-    # world must stop and checkpoint; each rank a node of its own, so that rank 0 survives (a node's ranks
-    # leave together)
-    os.environ.update(ETJ_AGENT_STATE_FILE=str(out / "agent.state"), ETJ_RDZV_ENDPOINT="127.0.0.1:1")
+    # the restart path of a sharded resize: rank 1 leaves at LEAVE_AT and 1 survivor is below the minimum
+    # of 2, so the world must stop and checkpoint; each rank a node of its own, so that rank 0 survives (a
+    # node's ranks leave together). (No agent or store here: the in-place paths, which would meet on the
+    # store, are tested with real agents below.)
     os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     leave = _Leave(LEAVE_AT) if rank == 1 else None
     _train(_cfg(out / "left", "FSDP", min_workers=2), out, "left", stop=leave)
@@ -345,10 +344,9 @@ def test_a_checkpoint_written_at_two_ranks_loads_at_another_size(
 def test_a_leave_below_the_minimum_under_fsdp_takes_the_restart_path_and_resumes_at_another_size(
     worlds: Callable[[str], dict[str, Any]],
 ) -> None:
-    """In-place resizes on (agent and store named), rank 1 leaves at step 3 and one survivor is below the
-    minimum of 2: the sharded world does not re-form in place -- every rank stops after that step with a
-    checkpoint -- and a world of 3 resumes from it, resharded, and ends equal to the uninterrupted DDP
-    run."""
+    """Rank 1 leaves at step 3 and one survivor is below the minimum of 2: the sharded world does not
+    re-form in place -- every rank stops after that step with a checkpoint -- and a world of 3 resumes
+    from it, resharded, and ends equal to the uninterrupted DDP run."""
     left, resumed, ddp = worlds("left"), worlds("resumed_at3"), worlds("ddp2")
     assert (left["step"], left["stopped_early"]) == (LEAVE_AT, True)
     assert sorted(p.name for p in (left["dir"] / "left").iterdir()) == [f"dcp-{LEAVE_AT:09d}"]

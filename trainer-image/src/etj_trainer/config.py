@@ -161,8 +161,13 @@ class TrainConfig:
 
     @property
     def sharded(self) -> bool:
-        """FSDP or HSDP: the state is sharded over the ranks (DCP checkpoints, no in-place resize)."""
+        """FSDP or HSDP: the state is sharded over the ranks (DCP checkpoints; a crash restarts the world)."""
         return self.parallelism != Parallelism.DDP
+
+    @property
+    def hsdp(self) -> bool:
+        """HSDP: every resize restarts the world (its mesh needs whole shard groups)."""
+        return self.parallelism == Parallelism.HSDP
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> TrainConfig:

@@ -223,9 +223,11 @@ class TrainingSpec(CheckedModel):
         default=Parallelism.DDP,
         description="DDP: a full replica of the model and optimizer on every rank. FSDP: parameters, "
         "gradients and optimizer state sharded over all ranks (FSDP2), checkpointed with "
-        "torch.distributed.checkpoint and resharded on load at any size; resizes restart the world "
-        "from the newest checkpoint. HSDP: sharded within groups of shardGroupSize ranks, replicated "
-        "across them. Sharded jobs need checkpoint.pvc (ETJ_PARALLELISM). Immutable.",
+        "torch.distributed.checkpoint and resharded on load at any size; a leave or a join reshards "
+        "in place, in memory, a crash restarts the world from the newest checkpoint "
+        "(status.resizeHistory[].statePath says which). HSDP: sharded within groups of shardGroupSize "
+        "ranks, replicated across them; every resize restarts the world. Sharded jobs need "
+        "checkpoint.pvc (ETJ_PARALLELISM). Immutable.",
     )
     shard_group_size: int | None = Field(
         default=None,

@@ -28,7 +28,7 @@ from etj_trainer.batching.dynamic_sgd import DynamicSGD
 from etj_trainer.batching.plan import ResizePolicy, plan_step
 from etj_trainer.batching.sampler import ElasticSampler
 from etj_trainer.checkpoint.store import CheckpointStore, StateWriter
-from etj_trainer.config import Parallelism, TrainConfig
+from etj_trainer.config import TrainConfig
 from etj_trainer.core import devices
 from etj_trainer.core.progress import ProgressReporter
 from etj_trainer.core.sample_log import SampleLog
@@ -78,10 +78,7 @@ class Engine:
         self.writer = StateWriter(self.ckpts, cfg.local_snapshot_interval_s)
         # FSDP/HSDP: the state is sharded; its checkpoints are DCP's, written by every rank (_sharding.py)
         self.sharded = ShardedCheckpoints(cfg) if cfg.sharded else None
-        # FSDP: resizes in place, the shards handed over and resharded in memory (_reshard.py); HSDP's mesh
-        # needs whole shard groups, so it keeps the restart path
-        self.resharder: Resharder | None = None  # set by setup_model under FSDP
-        self._handover: dict[str, Any] | None = None  # the whole state, gathered in the old world
+        self.resharder: Resharder | None = None  # FSDP's in-place resizes (_reshard.py): set by setup_model
         self.model: ElasticModule | None = None  # the wrapper of state.module that training calls
         self.loaders: list[Loader[Any]] = []  # closed with the job (their streams, DataLoader workers)
         self.membership: Membership | None = None
@@ -177,12 +174,11 @@ class Engine:
         decision = regroup.decide(
             codes,
             cfg.min_ranks,
-            w.dist_on and regroup.enabled_from_env() and not self._hsdp,
+            w.dist_on and regroup.enabled_from_env() and not cfg.hsdp,
             procs_per_node=w.local_size,
-            # Refused clearly, not attempted: HSDP's mesh is whole shard groups
             disabled="parallelism HSDP: its shard groups resize through the restart path, from the newest "
             "checkpoint resharded onto the new world"
-            if self._hsdp
+            if cfg.hsdp
             else None,
         )
         self.survivors_go_on = decision.in_process
@@ -196,9 +192,7 @@ class Engine:
         # on its interval, the node-local one every local_snapshot_interval_s.
         w, cfg, step = self.world, self.config, self.state.steps_done
         if self.resharder is not None and stop_now and self.survivors_go_on:
-            # An in-place resize of a sharded state: every rank of the old world, the leaving ones too,
-            # gathers the whole state (the hand-over; _reshard.py); nothing is written
-            self._handover = self.resharder.gather(self.state, w.size)
+            self.resharder.hand_over(w.size)  # every rank, the leaving ones too; nothing is written
         elif self.sharded is not None:
             # Every rank takes part (DCP is a collective) and synchronously: a background thread's
             # collectives would interleave with the steps'. No node-local copy: a node holds its shards only.
@@ -379,7 +373,7 @@ class Engine:
         inc = self.incarnation = incarnation(w.dist_on)
         # heartbeat under this membership's id; rank 0 opens the join door (not under HSDP); a crash of a
         # sharded state takes the restart path (the dead rank's shards are gone)
-        self.inplace.enter(w, inc, allowed=not self._hsdp, crash_in_place=not cfg.sharded)
+        self.inplace.enter(w, inc, allowed=not cfg.hsdp, crash_in_place=not cfg.sharded)
         samples_log = SampleLog(cfg.sample_log_dir, w.rank, inc) if cfg.sample_log_dir else None
         self.model.train()
         m = self.membership = Membership(w, plan, inc, cfg, self.state, ddp, samples_log)
@@ -390,8 +384,7 @@ class Engine:
         t0 = time.monotonic()
         if self.membership is not None:
             self.membership.ddp = None  # the old group's wrapper goes with the group
-        changed = self.inplace.regroup(self, to, self._reshard if self.resharder is not None else None)
-        self._handover = None
+        changed = self.inplace.regroup(self, to, self.resharder.sync if self.resharder is not None else None)
         if changed is None:
             return Next.NEW_MEMBERSHIP  # the joiners withdrew, or there was no room: the same world goes on
         old_size, self.world = changed
@@ -405,14 +398,3 @@ class Engine:
         self.report.resized_in_process(old_size, self.world, step, self.config.progress_url, path)
         self.survivors_go_on = False  # every rank of the old group that goes on is in the new one
         return Next.NEW_MEMBERSHIP
-
-    @property
-    def _hsdp(self) -> bool:
-        return self.config.parallelism == Parallelism.HSDP
-
-    def _reshard(self, _job: object, world: World, behind: bool) -> None:
-        """inplace.Sync for a sharded state: the hand-over to whoever lacks it, a module sharded on the new
-        mesh, the state resharded into it (loop/_reshard.py); the loop trains through the new module."""
-        assert self.resharder is not None and self.model is not None
-        held = None if behind else self._handover
-        self.model.module = self.resharder.adopt(self.state, self.config, world, held)

@@ -60,15 +60,26 @@ def meta_template(module: nn.Module) -> nn.Module:
 
 @dataclass
 class Resharder:
-    """How to shard the user's module again on a new world (see the module docstring)."""
+    """How to shard the user's module again on a new world, and the hand-over on its way there (see the
+    module docstring); one per Job, made by ``setup_model`` before it first shards the module."""
 
     template: nn.Module  # the user's module before it was first sharded, on the meta device
     wrap: WrapPolicy
     mixed_precision: MixedPrecisionPolicy | None
+    state: TrainState  # the loop's (loop/_state.py): its module is replaced at each resize
+    config: TrainConfig
+    wrapper: nn.Module  # the ElasticModule the loop trains through: it follows the new module
+    held: dict[str, Any] | None = None  # the hand-over, from the last boundary that decided a resize
 
-    @classmethod
-    def capture(cls, module: nn.Module, wrap: WrapPolicy, mp: MixedPrecisionPolicy | None) -> Resharder:
-        return cls(meta_template(module), wrap, mp)
+    def hand_over(self, world_size: int) -> None:
+        """At a boundary that decided an in-place resize, in the old world (every rank, collective)."""
+        self.held = self.gather(self.state, world_size)
+
+    def sync(self, _job: object, world: World, behind: bool) -> None:
+        """resize/inplace.py's ``Sync`` for a sharded state: ``adopt`` with this rank's hand-over (none
+        for a joiner), and the loop's wrapper trains through the new module."""
+        held, self.held = self.held, None
+        self.wrapper.module = self.adopt(self.state, self.config, world, None if behind else held)
 
     def gather(self, state: TrainState, world_size: int) -> dict[str, Any]:
         """The whole state on the host (every rank of the old world: the all-gathers are collectives)."""

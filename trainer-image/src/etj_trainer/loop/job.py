@@ -30,7 +30,7 @@ from etj_trainer.config import (
 from etj_trainer.core.world import StopFlag, World
 from etj_trainer.data.stream import Micro
 from etj_trainer.loop._engine import Engine
-from etj_trainer.loop._reshard import Resharder
+from etj_trainer.loop._reshard import Resharder, meta_template
 from etj_trainer.loop._sharding import WrapPolicy, shard_model
 from etj_trainer.loop._state import RESERVED, Stateful
 from etj_trainer.loop.loader import Loader, make_loader
@@ -125,11 +125,14 @@ class Job:
         module = module.to(self.device)
         if self.config.sync_batchnorm and engine.world.dist_on:
             module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
-        if self.config.parallelism == Parallelism.FSDP:  # its template: an in-place resize shards it again
-            engine.resharder = Resharder.capture(module, shard, mixed_precision)
+        fsdp = self.config.parallelism == Parallelism.FSDP
+        template = meta_template(module) if fsdp else None  # an in-place resize shards it again
         module = shard_model(module, self.config, engine.world, shard, mixed_precision)
         engine.model = ElasticModule(module, engine)
         engine.state.module = module
+        if template is not None:
+            args = (template, shard, mixed_precision, engine.state, self.config, engine.model)
+            engine.resharder = Resharder(*args)
         return engine.model
 
     def setup_optimizer(
