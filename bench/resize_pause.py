@@ -165,6 +165,7 @@ def measure(
                 break
             out[f"{name}_s"] = round(time.monotonic() - t0, 2)
             out[f"{name}_stall_s"] = doc["resizes"][-1]["pauseSeconds"]
+            out[f"{name}_path"] = doc["resizes"][-1].get("statePath", "n/a")  # how the state crossed it
             if name.startswith("gain"):
                 joined = _joined_at(log_dir / f"worker-{len(cluster.agents) - 1}.log")
                 out[f"{name}_from_join_s"] = (

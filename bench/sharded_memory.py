@@ -8,8 +8,10 @@
    they are reduced) are not counted: the DDP column is a floor.
 2. ``pause``: bench/resize_pause.py's etj arm (3 nodes; a leave 3->2, a kill 2->1, a join 1->2) on the
    same few-million-parameter model for both strategies (``wide_mlp`` below: 2.7 M parameters on the
-   digits, which the trainer's classifier path can train): DDP resizes in place, FSDP through the restart
-   path (the world restarts from the newest DCP checkpoint, resharded; checkpoints every 20 steps).
+   digits, which the trainer's classifier path can train): DDP resizes in place; FSDP reshards a leave
+   and a join in place (loop/_reshard.py: the shards gathered before the change, resharded in memory)
+   and restarts the world on a kill (from the newest DCP checkpoint, resharded; checkpoints every 20
+   steps).
 3. ``checkpoint``: the FSDP state (model + AdamW) written with DCP at 4 ranks, then loaded resharded at 2
    and at 3 (etj's checkpoint/sharded.py save and load, as a restart does); seconds, the slowest rank.
 
@@ -115,6 +117,8 @@ def pause_ratios(ddp: dict[str, Any], fsdp: dict[str, Any]) -> dict[str, float |
     """FSDP's pause over DDP's for each event both measured (the baseline from the same run)."""
     out: dict[str, float | str] = {}
     for k, base in ddp.items():
+        if k.endswith("_path"):  # how the state crossed the resize: a name, not a time
+            continue
         v = fsdp.get(k)
         if isinstance(base, (int, float)) and isinstance(v, (int, float)) and base > 0:
             out[k] = round(v / base, 1)
@@ -302,7 +306,7 @@ def measure_pauses(work: Path, event_timeout: float) -> dict[str, Any]:
     common = {"ETJ_MODEL": "bench.sharded_memory:wide_mlp", "ETJ_CHECKPOINT_INTERVAL_STEPS": "20"}
     python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))
     runs = {}
-    for name, parallelism in (("DDP in place", "DDP"), ("FSDP restart", "FSDP")):
+    for name, parallelism in (("DDP", "DDP"), ("FSDP", "FSDP")):
         extra = {**common, "ETJ_PARALLELISM": parallelism, "PYTHONPATH": python_path}
         runs[name] = measure("etj", work / parallelism, event_timeout, extra_env=extra)
         print(f"pause, {name}: {runs[name]}", file=sys.stderr, flush=True)
@@ -310,7 +314,7 @@ def measure_pauses(work: Path, event_timeout: float) -> dict[str, Any]:
         "model": f"wide_mlp: {sum(p.numel() for p in wide_mlp().parameters()):,} parameters on the digits, "
         "the trainer's classifier path (its SGD with momentum), global batch 32, float32",
         "runs": runs,
-        "fsdp_over_ddp": pause_ratios(runs["DDP in place"], runs["FSDP restart"]),
+        "fsdp_over_ddp": pause_ratios(runs["DDP"], runs["FSDP"]),
     }
 
 

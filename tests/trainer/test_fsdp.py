@@ -230,6 +230,13 @@ def _one_rank(rank: int, size: int, out: Path) -> None:
 def _four_ranks(rank: int, size: int, out: Path) -> None:
     _train(_cfg(None, "DDP"), out, "ddp4")
     _train(_cfg(None, "HSDP", shard_group_size=2), out, "hsdp4")
+    # HSDP keeps the restart path: in-place resizes on (an agent's state file and a store named, which
+    # the in-place paths would meet on: nothing listens there), rank 3 leaves, and every rank stops
+    # with a checkpoint; each rank a node of its own (a node's ranks leave together)
+    os.environ.update(ETJ_AGENT_STATE_FILE=str(out / "agent4.state"), ETJ_RDZV_ENDPOINT="127.0.0.1:1")
+    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    leave = _Leave(LEAVE_AT) if rank == 3 else None
+    _train(_cfg(out / "hsdp_left", "HSDP", shard_group_size=2), out, "hsdp_left", stop=leave)
 
 
 SCENARIOS: dict[str, Callable[[int, int, Path], None]] = {
@@ -247,7 +254,8 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str],
     ran: set[str] = set()
     needs = {"ddp2": "two", "fsdp2": "two", "fsdp2_whole": "two", "fsdp2_mp": "two", "left": "two",
              "load_at3": "three",
-             "resumed_at3": "three", "load_at1": "one", "ddp4": "four", "hsdp4": "four"}  # fmt: skip
+             "resumed_at3": "three", "load_at1": "one", "ddp4": "four", "hsdp4": "four",
+             "hsdp_left": "four"}  # fmt: skip
 
     def run(name: str) -> dict[str, Any]:
         world = needs[name]
@@ -353,6 +361,15 @@ def test_a_leave_below_the_minimum_under_fsdp_takes_the_restart_path_and_resumes
     assert (left["first"], resumed["first"]) == (1, LEAVE_AT + 1)  # the 3 ranks went on from the checkpoint
     assert (resumed["step"], resumed["world"], resumed["stopped_early"]) == (STEPS, 3, False)
     _close(resumed["params"], ddp["params"])
+
+
+def test_a_leave_under_hsdp_takes_the_restart_path(worlds: Callable[[str], dict[str, Any]]) -> None:
+    """HSDP's mesh is whole shard groups: with in-place resizes on, rank 3 of a 2 x 2 world leaves at step
+    3 and the world does not re-form in place (which would meet on the store) -- every rank stops after
+    that step with the sharded checkpoint, which a restart resumes from."""
+    left = worlds("hsdp_left")
+    assert (left["step"], left["stopped_early"]) == (LEAVE_AT, True)
+    assert sorted(p.name for p in (left["dir"] / "hsdp_left").iterdir()) == [f"dcp-{LEAVE_AT:09d}"]
 
 
 # ---- (3) HSDP 2 x 2 equals DDP ----------------------------------------------------------------------------

@@ -60,7 +60,9 @@ def test_the_table_gives_fsdp_over_ddp_and_the_ideal_per_world_size() -> None:
 def test_pause_ratios_are_over_the_same_runs_ddp_and_say_what_was_not_measured() -> None:
     ddp = {"loss_3to2_s": 0.5, "kill_2to1_s": 2.0, "gain_1to2_s": "no step at world size 2 within 150 s"}
     fsdp = {"loss_3to2_s": 5.0, "kill_2to1_s": 7.0, "gain_1to2_s": 9.0}
+    ddp["loss_3to2_path"], fsdp["loss_3to2_path"] = "InPlace", "InPlaceResharded"
     ratios = pause_ratios(ddp, fsdp)
+    assert "loss_3to2_path" not in ratios  # a path is a name, not a time
     assert (ratios["loss_3to2_s"], ratios["kill_2to1_s"]) == (10.0, 3.5)
     assert str(ratios["gain_1to2_s"]).startswith("not comparable")
 

@@ -45,6 +45,7 @@ from etj_trainer.resize.inplace import InPlace, Resize
 from etj_trainer.resize.state_sync import agree_on_checkpoint
 
 log = logging.getLogger(__name__)
+HSDP_RESTARTS = "parallelism HSDP: its shard groups resize through the restart path"
 
 
 class Next(enum.Enum):
@@ -176,10 +177,7 @@ class Engine:
             cfg.min_ranks,
             w.dist_on and regroup.enabled_from_env() and not cfg.hsdp,
             procs_per_node=w.local_size,
-            disabled="parallelism HSDP: its shard groups resize through the restart path, from the newest "
-            "checkpoint resharded onto the new world"
-            if cfg.hsdp
-            else None,
+            disabled=HSDP_RESTARTS if cfg.hsdp else None,
         )
         self.survivors_go_on = decision.in_process
         if w.rank == 0:
@@ -385,8 +383,10 @@ class Engine:
         if self.membership is not None:
             self.membership.ddp = None  # the old group's wrapper goes with the group
         changed = self.inplace.regroup(self, to, self.resharder.sync if self.resharder is not None else None)
-        if changed is None:
-            return Next.NEW_MEMBERSHIP  # the joiners withdrew, or there was no room: the same world goes on
+        if changed is None:  # the joiners withdrew, or there was no room: the same world goes on
+            if self.resharder is not None:
+                self.resharder.held = None  # the hand-over gathered for them is not kept
+            return Next.NEW_MEMBERSHIP
         old_size, self.world = changed
         step = self.state.steps_done
         print(
