@@ -11,7 +11,8 @@ side of them, split out of loop/job.py so the loop API reads as a loop and this 
   redo it in place, else the error re-raised (torch elastic restarts the world);
 * ``InPlace.regroup``: the world changes between two steps -- survivors of a leave or of a crash re-form
   among themselves, old ranks admit joiners, or a joiner enters with its ticket -- and every rank then
-  holds the newest committed step (``sync_state``: tensor by tensor from the lowest rank holding it);
+  holds the newest committed step (``sync_state``: tensor by tensor from the lowest rank holding it; a
+  sharded state's own ``Sync``, loop/_reshard.py: resharded onto the new mesh, after a leave too);
 * ``InPlace.close``: the door shuts when no world of this job runs on (finished, or restarting through the
   rendezvous); survivors going on in place keep admitting.
 """
@@ -72,7 +73,6 @@ class InPlace:
     watch: recover.Heartbeat | None = None  # this rank's heartbeat (in-place crash recovery)
     last_failed_step: int | None = None  # the committed step at the last in-place crash recovery
     states_agree: bool = False  # every rank of the new membership holds the same state (in-process resize)
-
     crash_in_place: bool = True  # False (a sharded state): a crash takes the restart path
 
     def enter(
