@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from etj_trainer.config import TrainConfig
 from etj_trainer.core.world import World
-from etj_trainer.loop._sharding import WrapPolicy, optimizer_extra, shard_model
+from etj_trainer.loop._sharding import WrapPolicy, load_optimizer_extra, optimizer_extra, shard_model
 from etj_trainer.loop._state import TrainState
 from etj_trainer.resize.state_sync import broadcast_state
 
@@ -73,16 +73,17 @@ class Resharder:
 
     def hand_over(self, world_size: int) -> None:
         """At a boundary that decided an in-place resize, in the old world (every rank, collective)."""
-        self.held = self.gather(self.state, world_size)
+        self.held = self.gather(world_size)
 
     def sync(self, _job: object, world: World, behind: bool) -> None:
         """resize/inplace.py's ``Sync`` for a sharded state: ``adopt`` with this rank's hand-over (none
         for a joiner), and the loop's wrapper trains through the new module."""
         held, self.held = self.held, None
-        self.wrapper.module = self.adopt(self.state, self.config, world, None if behind else held)
+        self.wrapper.module = self.adopt(world, None if behind else held)
 
-    def gather(self, state: TrainState, world_size: int) -> dict[str, Any]:
+    def gather(self, world_size: int) -> dict[str, Any]:
         """The whole state on the host (every rank of the old world: the all-gathers are collectives)."""
+        state = self.state
         assert state.module is not None and state.optimizer is not None
         model, optim = get_state_dict(state.module, state.optimizer)
         return {
@@ -92,23 +93,23 @@ class Resharder:
             "optimizer_extra": optimizer_extra(state.optimizer),
         }
 
-    def adopt(
-        self, state: TrainState, cfg: TrainConfig, world: World, held: dict[str, Any] | None
-    ) -> nn.Module:
+    def adopt(self, world: World, held: dict[str, Any] | None) -> nn.Module:
         """In the new world (every rank): the hand-over to whoever lacks it (a joiner), the module rebuilt
         on the new mesh and the state resharded into it; returns the new module (the caller puts it where
         the loop reads it)."""
         full = _to_those_without(held, world)
-        module = self.rebuild(state, cfg, world)
-        load(state, module, full, behind=held is None)
+        module = self.rebuild(world)
+        load(self.state, module, full, behind=held is None)
         return module
 
-    def rebuild(self, state: TrainState, cfg: TrainConfig, world: World) -> nn.Module:
+    def rebuild(self, world: World) -> nn.Module:
         """A fresh sharded module on ``world``'s mesh, with the old one's buffers; the optimizer re-pointed
         at its parameters (its state is cleared: ``load`` fills it)."""
-        old, optimizer = state.module, state.optimizer
+        old, optimizer = self.state.module, self.state.optimizer
         assert old is not None and optimizer is not None
-        module = shard_model(copy.deepcopy(self.template), cfg, world, self.wrap, self.mixed_precision)
+        module = shard_model(
+            copy.deepcopy(self.template), self.config, world, self.wrap, self.mixed_precision
+        )
         module.to_empty(device=world.device)
         with torch.no_grad():
             buffers = dict(old.named_buffers())
@@ -127,12 +128,10 @@ def load(state: TrainState, module: nn.Module, full: dict[str, Any], behind: boo
     rows; ``behind`` (a joiner): the rest of the state too (sampler, step, RNG, meta...)."""
     optimizer = state.optimizer
     assert optimizer is not None
-    extra = full.get("optimizer_extra") or optimizer_extra(optimizer)
     set_state_dict(
         module, optimizer, model_state_dict=full["model"], optim_state_dict=full["optimizer"], options=FULL
     )
-    if extra:  # torch's optimizer state dict API leaves it out (DynamicSGD's ramp); its init step moved it
-        optimizer.load_state_dict({**optimizer.state_dict(), **extra})
+    load_optimizer_extra(optimizer, full["optimizer_extra"])  # after the load: its init step moved it
     state.module = module
     if behind:
         state.load_rest(full)

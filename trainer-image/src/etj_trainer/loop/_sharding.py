@@ -146,9 +146,7 @@ class ShardedCheckpoints:
         model, optim = get_state_dict(state.module, state.optimizer)
         rest = sharded.load(path, {"model": model, "optimizer": optim})
         set_state_dict(state.module, state.optimizer, model_state_dict=model, optim_state_dict=optim)
-        extra = rest.pop("optimizer_extra", {})
-        if extra:  # what torch's optimizer state dict API leaves out, e.g. DynamicSGD's ramp
-            state.optimizer.load_state_dict({**state.optimizer.state_dict(), **extra})
+        load_optimizer_extra(state.optimizer, rest.pop("optimizer_extra", {}))
         written_by = rest["meta"].get("world_size")
         state.load_rest(rest)
         if world.rank == 0:
@@ -160,3 +158,10 @@ def optimizer_extra(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer's state dict beyond ``state`` and ``param_groups`` (DynamicSGD's ramp), which
     ``get_state_dict`` drops."""
     return {k: v for k, v in optimizer.state_dict().items() if k not in ("state", "param_groups")}
+
+
+def load_optimizer_extra(optimizer: torch.optim.Optimizer, extra: dict[str, Any]) -> None:
+    """``optimizer_extra``'s part back into ``optimizer``, after torch's ``set_state_dict`` (whose
+    initialising step would have moved it)."""
+    if extra:
+        optimizer.load_state_dict({**optimizer.state_dict(), **extra})
