@@ -1,15 +1,24 @@
-# The two commands of the README quick start. Both set everything up first (idempotent, cached).
-.PHONY: setup demo test lint crds kind kind-install kind-kueue demo-kind e2e-kind kind-down release
+# The two commands of the README quick start. Both set up first (idempotent, cached), each what it runs:
+# `setup` what the demo needs, `setup-test` that plus the tools only the tests use (scripts/setup.sh).
+.PHONY: setup setup-test demo test test-fast lint crds kind kind-install kind-kueue demo-kind e2e-kind kind-down release
 
 setup:
-	./scripts/setup.sh
+	./scripts/setup.sh demo
+
+setup-test:
+	./scripts/setup.sh test
 
 demo: setup
 	.venv/bin/etj demo
 
 # .venv/bin first on PATH: tests call etj, etj-train, kubectl, helm, hadolint and actionlint by name.
-test: setup lint
+test: setup-test lint
 	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest tests -q --durations=20
+
+# The inner loop: lint and the pure decision tables (no control plane, no process worlds, no builds beyond
+# the venv's). tests/fast_suite.txt lists what it runs and why; README's Development section has its time.
+test-fast: setup-test lint
+	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest $$(grep -v '^\#' tests/fast_suite.txt) -q -m "not cluster and not slow" -p no:cacheprovider --durations=5
 
 lint:
 	.venv/bin/ruff check operator/src trainer-image/src contract/src testbed/src tests bench
@@ -30,24 +39,24 @@ kind-install: kind
 	./scripts/kind.sh install
 
 # Kueue v0.17.0 on the kind cluster (its image built offline, its own chart) and the operator with
-# kueue.enabled (docs/kueue.md, "Kueue on kind"). `setup` builds Kueue's binary.
-kind-kueue: setup kind
+# kueue.enabled (docs/kueue.md, "Kueue on kind"). `setup-test` builds Kueue's binary.
+kind-kueue: setup-test kind
 	./scripts/kind.sh kueue
 
 # The demo (`make demo`'s script, live table, timeline, accuracy against a fixed-size run) on kind.
-demo-kind: setup kind-install
+demo-kind: setup-test kind-install
 	./scripts/kind.sh demo
 
 # The whole kind suite: tests/kind (smoke, node loss, store node loss, graceful delete, OOM and failed
 # commands, the closed data plane) and tests/e2e in its installed mode. `make test` runs the smoke test
 # only, and only where Docker is installed.
-e2e-kind: setup kind-install
+e2e-kind: setup-test kind-install
 	./scripts/kind.sh e2e
 
 # A release: the four images tagged VERSION and the chart naming them by digest, pushed to REGISTRY as an
 # OCI artifact. `make release VERSION=x.y.z REGISTRY=host[:port]/namespace` (scripts/release.sh; the tag
 # workflow .github/workflows/release.yaml does the same with provenance, SBOM and keyless signatures).
-release: setup
+release: setup-test
 	PATH="$(CURDIR)/.venv/bin:$$PATH" ./scripts/release.sh all
 
 kind-down:

@@ -21,6 +21,9 @@ def _cluster_parser() -> argparse.ArgumentParser:
     parser.add_argument("action", choices=["build", "up", "down", "status"])
     parser.add_argument("--name", default=None, help="cluster name (default $ETJ_CLUSTER_NAME or 'etj')")
     parser.add_argument("--keep-data", action="store_true", help="down: keep etcd data and certificates")
+    parser.add_argument(
+        "--all", action="store_true", help="build: helm too (the tests and the chart use it; a cluster does not)"
+    )
     return parser
 
 
@@ -29,7 +32,7 @@ def _run_cluster(args: argparse.Namespace) -> int:
 
     cluster = LocalCluster.named(args.name)
     if args.action == "build":
-        toolchain.ensure_built()
+        toolchain.ensure_built(names=toolchain.ALL if args.all else toolchain.CORE)
         for path in toolchain.link_tools_into(Path(sys.executable).parent):
             print(f"linked {path}", file=sys.stderr)
         print(toolchain.bin_dir())

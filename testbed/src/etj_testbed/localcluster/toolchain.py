@@ -1,9 +1,13 @@
 """Build the control-plane binaries from upstream Go modules, once, into a cache keyed by version.
 
-The pinned module lives beside this file (`toolchain/go.mod`). One `go build` of all its `tool` packages
-shares the compile of the k8s.io staging packages between the binaries, which is what makes a cold build
-fit in CI's budget. The result is keyed by a hash of go.mod + go.sum, so bumping a version rebuilds and an
-unchanged checkout reuses the cache in milliseconds.
+The pinned module lives beside this file (`toolchain/go.mod`). One `go build` of several of its `tool`
+packages shares the compile of the k8s.io staging packages between the binaries, which is what makes a cold
+build fit in CI's budget. The result is keyed by a hash of go.mod + go.sum, so bumping a version rebuilds and
+an unchanged checkout reuses the cache in milliseconds.
+
+The binaries come in two sets (issue 46): what a cluster runs (`CORE`: `make demo` builds only these) and
+what only tests and the kind path use (`helm`, built by `make test` through `etj cluster build --all`). A
+later build of the rest reuses Go's build cache for the packages they share.
 """
 
 from __future__ import annotations
@@ -35,6 +39,19 @@ BINARIES = {
     "helm": "helm",
     "etcd": "server",
 }
+# The `tool` package of toolchain/go.mod that each binary is built from.
+PACKAGES = {
+    "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+    "kwok": "sigs.k8s.io/kwok/cmd/kwok",
+    "helm": "helm.sh/helm/v3/cmd/helm",
+    "etcd": "go.etcd.io/etcd/server/v3",
+}
+# What a local cluster starts (and `kubectl` for the user): the demo's whole need.
+CORE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+ALL = tuple(BINARIES)
 
 Progress = Callable[[str], None]
 
@@ -109,8 +126,13 @@ def kwok_stages() -> Path:
     return bin_dir().parent / f"kwok-stages-{digest}.yaml"
 
 
-def is_built() -> bool:
-    return (bin_dir().parent / "complete").exists() and all(binary(n).exists() for n in BINARIES)
+def missing(names: tuple[str, ...] = CORE) -> list[str]:
+    """The binaries of ``names`` not in the cache yet (each is moved in whole, so present means built)."""
+    return [n for n in names if not binary(n).exists()]
+
+
+def is_built(names: tuple[str, ...] = CORE) -> bool:
+    return not missing(names)
 
 
 @contextmanager
@@ -126,13 +148,14 @@ def _print_progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def ensure_built(progress: Progress = _print_progress) -> Path:
-    """Return the cached bin dir, building it first if needed (with progress on stderr)."""
-    if is_built() and kwok_stages().exists():
+def ensure_built(progress: Progress = _print_progress, names: tuple[str, ...] = CORE) -> Path:
+    """Return the cached bin dir once the binaries of ``names`` are in it, building the missing ones first
+    (with progress on stderr)."""
+    if is_built(names) and kwok_stages().exists():
         return bin_dir()
     with _build_lock():
-        if not is_built():  # another process may have finished the build while we waited
-            _build(progress)
+        if not is_built(names):  # another process may have finished the build while we waited
+            _build(missing(names), progress)
         if not kwok_stages().exists():
             _write_kwok_stages()
     return bin_dir()
@@ -164,31 +187,32 @@ def _go() -> str:
     return go
 
 
-def _build(progress: Progress) -> None:
+def _build(names: list[str], progress: Progress) -> None:
     go = _go()
-    target = bin_dir().parent
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = bin_dir()
+    target.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="etj-build-", dir=target.parent) as tmp:
+    packages = [PACKAGES[n] for n in names]
+    with tempfile.TemporaryDirectory(prefix="etj-build-", dir=target.parent.parent) as tmp:
         work = Path(tmp)
         for name in ("go.mod", "go.sum"):
             shutil.copy(TOOLCHAIN_DIR / name, work / name)
         env = {**os.environ, "GOFLAGS": "-mod=mod -buildvcs=false", "CGO_ENABLED": "0"}
-        progress(f"etj: building the local control plane ({KUBERNETES_VERSION}) from Go modules, once;")
-        progress("etj: a cold build downloads ~1 GB of modules and compiles for 15-30 min on 2 cores")
+        progress(f"etj: building {', '.join(names)} ({KUBERNETES_VERSION}) from Go modules, once;")
+        progress("etj: a cold build downloads ~1 GB of modules and compiles for 10-20 min on 2 cores")
         progress("etj: step 1/2: downloading modules")
         run_checked([go, "mod", "download"], work, env, "go mod download")
         listed = run_checked(
-            [go, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "tool"],
+            [go, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", *packages],
             work,
             env,
             "go list",
         )
         total = sum(1 for line in listed.splitlines() if line.strip())
-        progress(f"etj: step 2/2: compiling {total} packages into {len(BINARIES)} binaries")
+        progress(f"etj: step 2/2: compiling {total} packages into {len(names)} binaries")
         out = work / "bin"
         out.mkdir()
-        cmd = [go, "build", "-v", "-trimpath", f"-ldflags={_ldflags()}", "-o", str(out) + "/", "tool"]
+        cmd = [go, "build", "-v", "-trimpath", f"-ldflags={_ldflags()}", "-o", str(out) + "/", *packages]
         go_build_with_progress(
             cmd,
             work,
@@ -196,19 +220,16 @@ def _build(progress: Progress) -> None:
             total,
             started,
             progress,
-            failure=f"building the control plane failed (`go build tool` in {work}); "
+            failure=f"building the control plane failed (`go build` in {work}); "
             "check Go ≥ 1.26 and registry access",
         )
-        missing = [n for n, f in BINARIES.items() if not (out / f).exists()]
-        if missing:
-            raise ClusterError(f"the control-plane build produced no binary for {', '.join(missing)}")
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir()
-        (out).rename(target / "bin")
-        shutil.copy(work / "go.mod", target / "go.mod")
-        (target / "complete").write_text(f"built in {time.monotonic() - started:.0f}s\n")
-    progress(f"etj: control plane built in {time.monotonic() - started:.0f}s into {target}")
+        absent = [n for n in names if not (out / BINARIES[n]).exists()]
+        if absent:
+            raise ClusterError(f"the control-plane build produced no binary for {', '.join(absent)}")
+        for name in names:  # one rename each: a binary in the cache is always whole
+            (out / BINARIES[name]).replace(binary(name))
+        shutil.copy(work / "go.mod", target.parent / "go.mod")
+    progress(f"etj: {', '.join(names)} built in {time.monotonic() - started:.0f}s into {target}")
 
 
 def go_build_with_progress(
@@ -253,12 +274,36 @@ def run_checked(cmd: list[str], cwd: Path, env: dict[str, str], what: str) -> st
 
 
 def link_tools_into(directory: Path) -> list[Path]:
-    """Symlink kubectl and helm next to the `etj` script so one PATH entry gives a user all three."""
+    """Symlink kubectl and helm (where built) next to the `etj` script so one PATH entry gives a user all
+    three."""
     linked = []
     for name in ("kubectl", "helm"):
+        if not binary(name).exists():
+            continue
         dest = directory / name
         if dest.is_symlink() or dest.exists():
             dest.unlink()
         dest.symlink_to(binary(name))
         linked.append(dest)
     return linked
+
+
+def main(argv: list[str]) -> int:
+    """`python -m etj_testbed.localcluster.toolchain check|build core|all`: scripts/setup.sh runs it with the
+    system python3 (stdlib only), so the compile starts before the venv exists and overlaps pip's install."""
+    if len(argv) != 2 or argv[0] not in ("check", "build") or argv[1] not in ("core", "all"):
+        print("usage: python -m etj_testbed.localcluster.toolchain check|build core|all", file=sys.stderr)
+        return 2
+    names = CORE if argv[1] == "core" else ALL
+    if argv[0] == "check":
+        return 0 if is_built(names) and kwok_stages().exists() else 1
+    try:
+        ensure_built(names=names)
+    except ClusterError as exc:
+        print(f"etj: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
