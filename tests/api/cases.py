@@ -432,6 +432,30 @@ CASES: list[Case] = [
         "checkpoints to a volume every worker mounts",
         pydantic_why="checkpoints to a volume every worker mounts",
     ),
+    # a stock torchrun script (issue 47, rung 0) is opaque: etj can neither ramp its LR nor shard its model
+    Case(
+        "a-stock-script-under-dynamic-sgd",
+        _both(
+            _set("spec.trainer.launcher", "Torchrun"),
+            _set("spec.training.resizePolicy", "DynamicSGD"),
+            _set("spec.training.globalBatchSize", 64),
+        ),
+        "spec.trainer.launcher",
+        "training.resizePolicy DynamicSGD needs a script on etj_trainer.elastic",
+    ),
+    Case(
+        "a-stock-script-sharded-by-etj",
+        _both(_set("spec.trainer.launcher", "Torchrun"), _set("spec.training.parallelism", "FSDP")),
+        "spec.trainer.launcher",
+        "training.parallelism FSDP or HSDP is etj's sharding of a script on etj_trainer.elastic",
+    ),
+    Case(
+        "an-unknown-launcher",
+        _set("spec.trainer.launcher", "mpirun"),
+        "spec.trainer.launcher",
+        'Unsupported value: "mpirun"',
+        pydantic_why="Input should be 'Etj' or 'Torchrun'",
+    ),
     Case(
         "a-shard-group-without-hsdp",
         _both(_set("spec.training.parallelism", "FSDP"), _set("spec.training.shardGroupSize", 2)),

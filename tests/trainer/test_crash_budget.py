@@ -7,7 +7,15 @@ from dataclasses import dataclass
 import pytest
 
 from etj_contract.progress import MAX_ERROR_CHARS
-from etj_trainer.agent.crash_budget import EXIT_RESIZE, CrashCount, Progress, after_failure, error_line
+from etj_trainer.agent.crash_budget import (
+    EXIT_RESIZE,
+    STOCK_RUN_PROGRESS_S,
+    CrashCount,
+    Progress,
+    after_failure,
+    error_line,
+    stock_progress,
+)
 
 
 @dataclass(frozen=True)
@@ -96,3 +104,25 @@ def test_error_line(message: object, worker: str, line: str) -> None:
 
 def test_error_line_is_bounded() -> None:
     assert len(error_line("E" * 5000)) == MAX_ERROR_CHARS
+
+
+def test_a_stock_scripts_long_run_is_progress_and_a_quick_crash_is_not() -> None:
+    """A stock torchrun script reports no step (ETJ_LAUNCHER=Torchrun): each leave or kill of a peer
+    crashes its survivors, which is no loop when their group had trained a while; a script that fails
+    within seconds of every start is one, and the agent gives up on it as on any crash loop."""
+    count, long_runs = CrashCount(), 0
+    for _ in range(10):  # ten membership changes, each after a long run: never a loop
+        progress = stock_progress(long_runs, ran_s=STOCK_RUN_PROGRESS_S + 1)
+        long_runs = progress[1]
+        verdict = after_failure(count, [1], progress, store_lost=False, max_crashes=3)
+        count = verdict.count
+        assert verdict.crash and not verdict.give_up and count.in_a_row == 1
+    verdicts = []
+    for _ in range(4):  # then a deterministic error: fails at once, four times
+        progress = stock_progress(long_runs, ran_s=2.0)
+        long_runs = progress[1]
+        verdict = after_failure(count, [1], progress, store_lost=False, max_crashes=3)
+        count = verdict.count
+        verdicts.append(verdict.give_up)
+    # the long run's own crash was the first of the row: the third quick one passes max_crashes=3
+    assert verdicts == [False, False, True, True]

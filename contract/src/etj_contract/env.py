@@ -274,6 +274,17 @@ PARALLELISM = _var(
     flag=True,
     set_by=OP,
 )
+# How the workers run the user's code (spec.trainer.launcher, docs/porting.md): Etj, the built-in trainer or
+# a script on etj_trainer.elastic (in-place resizes, fixed global batch); Torchrun, a stock torchrun script
+# run unchanged, whose workers restart on every membership change and resume from its own checkpoint.
+LAUNCHERS = ("Etj", "Torchrun")
+LAUNCHER = _var(
+    "LAUNCHER",
+    Choice(LAUNCHERS),
+    "Etj (the built-in trainer, or a script on etj_trainer.elastic) or Torchrun (a stock torchrun script, "
+    "run as `python script.py` with torch elastic's environment; every membership change restarts it)",
+    set_by=OP,
+)
 SHARD_GROUP_SIZE = _var(
     "SHARD_GROUP_SIZE",
     int,
@@ -400,6 +411,13 @@ JOIN_NODE = _var(
     set_by=SetBy.AGENT,
 )
 AGENT_PID = _var("AGENT_PID", int, "the agent's pid: its forkserver dies with it", set_by=SetBy.AGENT)
+SIGTERM_GRACE_SECONDS = _var(
+    "SIGTERM_GRACE_SECONDS",
+    int,
+    "seconds a worker has between the SIGTERM of a leave (a spot notice, a drain) and its SIGKILL: the time "
+    "its node has left to checkpoint",
+    set_by=SetBy.AGENT,
+)
 
 # Every variable above, in the order written (the order worker_env sets them and docs/contract.md lists them).
 ALL: tuple[Var[Any], ...] = tuple(v for v in list(globals().values()) if isinstance(v, Var))

@@ -22,7 +22,7 @@ def _cluster_parser() -> argparse.ArgumentParser:
     parser.add_argument("--name", default=None, help="cluster name (default $ETJ_CLUSTER_NAME or 'etj')")
     parser.add_argument("--keep-data", action="store_true", help="down: keep etcd data and certificates")
     parser.add_argument(
-        "--all", action="store_true", help="build: helm too (the tests and the chart use it; a cluster does not)"
+        "--all", action="store_true", help="build: helm too (tests and the chart use it; a cluster does not)"
     )
     return parser
 

@@ -39,17 +39,27 @@ def _add_script(p: argparse.ArgumentParser) -> None:
         help="run your own training script (etj_trainer.elastic) instead of the built-in trainer; "
         "everything after PATH goes to it (last option)",
     )
+    p.add_argument(
+        "--launcher",
+        choices=etj_env.LAUNCHERS,
+        default=None,
+        help="Torchrun: run --script unchanged, as torchrun does (python script.py semantics, torch "
+        "elastic's environment, no group formed for it; every membership change restarts it); default Etj "
+        "(ETJ_LAUNCHER, docs/porting.md)",
+    )
 
 
-def _script_env(script: list[str] | None) -> dict[str, str]:
-    """``ETJ_SCRIPT`` for ``--script PATH ARGS``: the argv as a JSON list, the path made absolute."""
+def _script_env(script: list[str] | None, launcher: str | None = None) -> dict[str, str]:
+    """``ETJ_SCRIPT`` for ``--script PATH ARGS`` (the argv as a JSON list, the path made absolute) and
+    ``ETJ_LAUNCHER`` for ``--launcher``."""
+    env = {etj_env.LAUNCHER.name: launcher} if launcher else {}
     if not script:
-        return {}
+        return env
     import json
     import os
 
     path = script[0] if script[0] == "-m" else os.path.abspath(script[0])
-    return {etj_env.SCRIPT.name: json.dumps([path, *script[1:]])}
+    return {**env, etj_env.SCRIPT.name: json.dumps([path, *script[1:]])}
 
 
 def _refused(cmd: str, env: Mapping[str, str]) -> bool:
@@ -127,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from etj_trainer.agent.worker import main as worker_main
 
-        os.environ.update(_script_env(ns.script))  # inherited by the forkserver and its workers
+        os.environ.update(_script_env(ns.script, ns.launcher))  # inherited by the forkserver and its workers
         return worker_main()
     if ns.cmd == "local":
         from etj_trainer.agent.local_launcher import main as local_main
@@ -140,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {
             etj_env.MAX_WORKERS.name: str(ns.max_nodes or peak),
             **_train_env(ns),
-            **_script_env(ns.script),
+            **_script_env(ns.script, ns.launcher),
         }
         if _refused("local", env):
             return 2

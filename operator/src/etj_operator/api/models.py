@@ -35,6 +35,7 @@ from etj_operator.api.pod import (
     RESERVED_ENV,
     CapacityType,
     EnvVar,
+    Launcher,
     Placement,
     PullPolicy,
     RendezvousPlacement,
@@ -75,6 +76,7 @@ from etj_operator.api.status import (
     Phase,
     Progress,
     ResizeEvent,
+    ResizeMode,
     set_condition,
 )
 
@@ -436,6 +438,18 @@ SHARDED_NEEDS_VOLUME = (
 )
 
 
+_TORCHRUN_CEL = "has(self.trainer.launcher) && self.trainer.launcher == 'Torchrun'"
+# A stock script is opaque to etj (issue 47, rung 0): what etj would do inside it cannot be asked for.
+TORCHRUN_NO_DYNAMIC_SGD = (
+    "trainer.launcher Torchrun runs a stock script whose batch and learning rate are its own: "
+    "training.resizePolicy DynamicSGD needs a script on etj_trainer.elastic (trainer.launcher Etj)"
+)
+TORCHRUN_NO_SHARDING = (
+    "trainer.launcher Torchrun runs a stock script, which wraps its model itself: training.parallelism "
+    "FSDP or HSDP is etj's sharding of a script on etj_trainer.elastic (trainer.launcher Etj); leave it DDP"
+)
+
+
 class ElasticTrainingJobSpec(ApiModel):
     """Desired state of an ElasticTrainingJob."""
 
@@ -459,6 +473,17 @@ class ElasticTrainingJobSpec(ApiModel):
                 "!has(self.checkpoint) || !has(self.checkpoint.uri)",
                 SHARDED_NEEDS_VOLUME,
                 field_path=".checkpoint.uri",
+            ),
+            cel(
+                f"!({_TORCHRUN_CEL}) || !({_DSGD_CEL})",
+                TORCHRUN_NO_DYNAMIC_SGD,
+                field_path=".trainer.launcher",
+            ),
+            cel(
+                f"!({_TORCHRUN_CEL}) || !has(self.training.parallelism) || "
+                "self.training.parallelism == 'DDP'",
+                TORCHRUN_NO_SHARDING,
+                field_path=".trainer.launcher",
             ),
         )
     }
@@ -506,7 +531,17 @@ class ElasticTrainingJobSpec(ApiModel):
             raise ValueError(f"{FIXED_BATCH_TOO_SMALL} ({batch} < {self.max_ranks})")
         if self.training.parallelism != Parallelism.DDP and self.checkpoint.uri:
             raise ValueError(SHARDED_NEEDS_VOLUME)
+        if self.trainer.launcher == Launcher.TORCHRUN:
+            if self.training.resize_policy == ResizePolicy.DYNAMIC_SGD:
+                raise ValueError(TORCHRUN_NO_DYNAMIC_SGD)
+            if self.training.parallelism != Parallelism.DDP:
+                raise ValueError(TORCHRUN_NO_SHARDING)
         return self
+
+    @property
+    def resizes_in_place(self) -> bool:
+        """False for a stock torchrun script: every membership change restarts its workers."""
+        return self.trainer.launcher == Launcher.ETJ
 
     @property
     def procs_per_worker(self) -> int:
@@ -578,6 +613,7 @@ __all__ = [
     "EnvVar",
     "FailurePolicy",
     "LastCheckpoint",
+    "Launcher",
     "LrScheduleSpec",
     "OptimizerSpec",
     "PVCRef",
@@ -591,6 +627,7 @@ __all__ = [
     "RendezvousPlacement",
     "ReplicaRange",
     "ResizeEvent",
+    "ResizeMode",
     "ResizePolicy",
     "ScalingSpec",
     "ScheduleStatus",

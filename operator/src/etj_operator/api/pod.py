@@ -212,8 +212,15 @@ def procs_cel(obj: str) -> str:
     return f"(has({obj}.procsPerWorker) ? {obj}.procsPerWorker : ({gpu} > 0 ? {gpu} : 1))"
 
 
+class Launcher(StrEnum):
+    """How the workers run the training code (etj_contract.env.LAUNCHERS; docs/porting.md)."""
+
+    ETJ = "Etj"
+    TORCHRUN = "Torchrun"
+
+
 # What every worker of one job must run identically (imagePullPolicy may change).
-_FIXED_TRAINER = ("command", "args", "env", "resources", "volumes", "volumeMounts")
+_FIXED_TRAINER = ("command", "args", "env", "resources", "volumes", "volumeMounts", "launcher")
 
 
 class TrainerSpec(ApiModel):
@@ -245,7 +252,8 @@ class TrainerSpec(ApiModel):
                 # An image may be set once on a job that has none (one waiting with NoTrainerImage).
                 "(!has(oldSelf.image) || (has(self.image) && self.image == oldSelf.image)) && "
                 + " && ".join(unchanged(f) for f in _FIXED_TRAINER),
-                "trainer.image, command, args, env, resources, volumes and volumeMounts are immutable: a "
+                "trainer.image, command, args, env, resources, volumes, volumeMounts and launcher are "
+                "immutable: a "
                 "change would reach only the workers started after it and mix two settings in one job; "
                 "create a new job to change them",
             ),
@@ -281,6 +289,16 @@ class TrainerSpec(ApiModel):
         '["--script", "/workspace/train.py", ...] runs your own training script (written on '
         "etj_trainer.elastic, in the image or on a volume) on every rank instead of the built-in trainer; "
         "everything after the script's path goes to it.",
+    )
+    launcher: Launcher = Field(
+        default=Launcher.ETJ,
+        description="How the workers run your code (ETJ_LAUNCHER; docs/porting.md). Etj: the built-in "
+        "trainer, or a --script written on etj_trainer.elastic; leaves, joins and crashes resize in place "
+        "with the global batch fixed and every sample once. Torchrun: a stock torchrun script, unchanged, "
+        "run as `torchrun --nnodes=min:max script.py` would (python script.py semantics, torch elastic's "
+        "environment, its own init_process_group); every membership change restarts its workers, which "
+        "resume from the script's own checkpoint, and the global batch, the sampling and the checkpoints "
+        "are the script's (status.resizeMode says Restart).",
     )
     env: Annotated[list[EnvVar], Field(max_length=64)] = Field(
         default_factory=list,

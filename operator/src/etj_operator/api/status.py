@@ -36,6 +36,13 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
+class ResizeMode(StrEnum):
+    """How the job's world changes size (spec.trainer.launcher decides)."""
+
+    IN_PLACE = "InPlace"
+    RESTART = "Restart"
+
+
 class ConditionStatus(StrEnum):
     TRUE = "True"
     FALSE = "False"
@@ -262,6 +269,14 @@ class ElasticTrainingJobStatus(StatusModel):
         description="Image the job's pods run: spec.trainer.image, or the operator's default trainer image "
         "when the spec names none (kept from the job's first start, so a changed default never mixes images "
         "in one job).",
+    )
+    resize_mode: ResizeMode | None = Field(
+        default=None,
+        description="How this job resizes. InPlace (trainer.launcher Etj): leaves, joins and crashes re-form "
+        "the world in the running processes, with the global batch fixed and every sample once per epoch. "
+        "Restart (trainer.launcher Torchrun): every membership change restarts all workers, which resume "
+        "from the script's own checkpoint; batch, sampling and checkpoints are the script's, and etj "
+        "guarantees neither a fixed global batch nor exactly-once sampling unless the script does.",
     )
     start_time: Time | None = Field(default=None, description="When the first worker started training.")
     completion_time: Time | None = Field(default=None, description="When the job Succeeded or Failed.")

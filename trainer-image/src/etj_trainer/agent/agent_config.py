@@ -12,6 +12,7 @@ from etj_contract import env as etj_env
 from etj_trainer.agent.crash_budget import DEFAULT_MAX_CRASHES
 
 TORCH_SHUTDOWN_TIMEOUT = 30  # torch elastic's default wait for stopping workers
+ROLE = "trainer"  # torch elastic's ROLE_NAME for every worker (joiners too: worker.joiner_elastic_env)
 SHUTDOWN_MARGIN_S = 10  # of the pod's grace period, kept for the agent's exit after its workers
 MIN_SHUTDOWN_TIMEOUT = 5
 
@@ -43,6 +44,7 @@ class AgentConfig:
     # The address other workers reach this pod at (the pod IP, from the downward API). torch elastic
     # otherwise publishes socket.getfqdn(): a pod's hostname, which other pods cannot resolve.
     local_addr: str = ""
+    launcher: str = "Etj"  # Torchrun: a stock script (worker_process.run_stock_script, docs/porting.md)
     # The job's token (its Secret): seals the rendezvous state on the store (sealed_rendezvous.py).
     token: str = field(default="", repr=False)  # never in a log line
 
@@ -62,6 +64,7 @@ class AgentConfig:
             grace_seconds=etj_env.TERMINATION_GRACE_SECONDS.read(e),
             local_addr=e.get("POD_IP", ""),
             token=etj_env.PROGRESS_TOKEN.get(e, ""),
+            launcher=etj_env.LAUNCHER.get(e, "Etj"),
         )
         cfg.last_call_timeout = etj_env.LAST_CALL_TIMEOUT.get(e, cfg.last_call_timeout)
         cfg.rdzv_poll_interval = etj_env.RDZV_POLL_INTERVAL.get(e, cfg.rdzv_poll_interval)

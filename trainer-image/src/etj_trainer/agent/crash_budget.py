@@ -15,7 +15,11 @@ Here only *crashes* count, and only while nothing advances:
 - the ``max_crashes + 1``-th crash in a row without progress gives up: the agent exits 1, the pod fails, and
   the job's failure budget (``failurePolicy.maxFailures``) decides.
 
-Progress is the (epoch, step) of the job's progress document (rank 0 reports it about once a second).
+Progress is the (epoch, step) of the job's progress document (rank 0 reports it about once a second). A
+stock torchrun script (``ETJ_LAUNCHER=Torchrun``) reports no step, and every leave or kill of a peer crashes
+its survivors (their collective fails) before the agent restarts them: there, a worker group that trained at
+least ``STOCK_RUN_PROGRESS_S`` before it failed counts as progress (``stock_progress``). A deterministic
+error fails within seconds of every start, so it still ends the loop.
 """
 
 from __future__ import annotations
@@ -29,7 +33,15 @@ EXIT_RESIZE = 75  # trainer.EXIT_RESIZE (kept here so the agent needs no trainer
 DEFAULT_MAX_CRASHES = 3
 
 
+STOCK_RUN_PROGRESS_S = 30.0
+
 Progress = tuple[int, int]  # (epoch, step)
+
+
+def stock_progress(long_runs: int, ran_s: float, min_run_s: float = STOCK_RUN_PROGRESS_S) -> Progress:
+    """The progress of a stock script's job after a worker group that ran ``ran_s`` failed: the count of
+    groups that ran at least ``min_run_s`` (``long_runs`` before this one), as a step of epoch 0."""
+    return (0, long_runs + (1 if ran_s >= min_run_s else 0))
 
 
 @dataclass(frozen=True)

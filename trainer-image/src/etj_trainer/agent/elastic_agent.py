@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,8 +26,8 @@ from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
-from etj_trainer.agent.agent_config import AgentConfig
-from etj_trainer.agent.crash_budget import EXIT_RESIZE, CrashCount, after_failure, error_line
+from etj_trainer.agent.agent_config import ROLE, AgentConfig
+from etj_trainer.agent.crash_budget import EXIT_RESIZE, CrashCount, after_failure, error_line, stock_progress
 from etj_trainer.agent.rendezvous import set_min_nodes
 from etj_trainer.agent.store_link import STORE_ERRORS, ReconnectingRendezvous
 from etj_trainer.core.stopping import AGENT_RESTARTING, AGENT_RUNNING, training_done, write_agent_state
@@ -46,7 +47,7 @@ class EtjAgent(LocalElasticAgent):
         from etj_trainer.agent.worker_process import worker_entry
 
         spec = WorkerSpec(
-            role="trainer",
+            role=ROLE,
             local_world_size=cfg.nproc_per_node,
             entrypoint=worker_entry,
             args=(),
@@ -65,6 +66,13 @@ class EtjAgent(LocalElasticAgent):
         self.etj_crashes = CrashCount()
         self.last_result: Any = None
         self.etj_join_refused = False  # said once: a node waits, but the training is done
+        # A stock script's progress (crash_budget.stock_progress): when its group started, how many ran long.
+        self.etj_started = time.monotonic()
+        self.etj_long_runs = 0
+
+    def _start_workers(self, worker_group: Any) -> Any:
+        self.etj_started = time.monotonic()
+        return super()._start_workers(worker_group)
 
     def _monitor_workers(self, worker_group: Any) -> Any:
         self.last_result = super()._monitor_workers(worker_group)
@@ -117,10 +125,16 @@ class EtjAgent(LocalElasticAgent):
     def count_crash(self, failures: Mapping[int, Any]) -> None:
         """Bound crash loops (crash_budget.py): report the error line; past the budget, give up."""
         cfg = self.etj_cfg
+        progress: tuple[int, int] | None
+        if cfg.launcher == "Torchrun":
+            progress = stock_progress(self.etj_long_runs, time.monotonic() - self.etj_started)
+            self.etj_long_runs = progress[1]
+        else:
+            progress = _job_progress(cfg.progress_url)
         verdict = after_failure(
             self.etj_crashes,
             [f.exitcode for f in failures.values()],
-            _job_progress(cfg.progress_url),
+            progress,
             store_lost=self.etj_handler.lost,
             max_crashes=cfg.max_crashes,
         )

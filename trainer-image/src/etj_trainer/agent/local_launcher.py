@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,20 +214,9 @@ def run_local(
     told to go trains in it -- so each resize completes before the next (a kill never hits a joiner still
     starting on a busy machine; a schedule of simultaneous events leaves it off).
     """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    run_id = uuid.uuid4().hex[:12]
-    env = _run_env(nodes, procs_per_node, train_env, log_dir, run_id)
-    # Ours to remove afterwards only when we chose it: a directory the caller named is theirs.
-    made_local_dir = etj_env.LOCAL_CHECKPOINT_DIR.name not in {**os.environ, **train_env}
-    cluster = LocalAgents(env=env, log_dir=log_dir)
     pending = list(schedule)
     last: dict[str, object] = {}
-    try:
-        cluster.start_store()
-        for i in range(nodes):
-            if i and stagger_s:
-                time.sleep(stagger_s)  # the scenario: this node starts later
-            cluster.start_agent()
+    with local_agents(nodes, train_env, log_dir, stagger_s, procs_per_node) as cluster:
         deadline = time.monotonic() + timeout_s
         full = False  # the first `nodes` have trained together: the schedule may start
         while cluster.alive() and time.monotonic() < deadline:
@@ -245,11 +235,37 @@ def run_local(
             time.sleep(0.1)
         last = cluster.progress() or last
         codes = [a.wait(timeout=60) for a in cluster.agents]
+    return {**last, "agentExitCodes": codes, "events": cluster.events}
+
+
+@contextlib.contextmanager
+def local_agents(
+    nodes: int,
+    train_env: dict[str, str],
+    log_dir: Path,
+    stagger_s: float = 0.0,
+    procs_per_node: int = 1,
+) -> Iterator[LocalAgents]:
+    """The store and ``nodes`` agents started, stopped (with everything they started) on the way out: for
+    a caller that drives the membership itself (``apply``), as run_local does by the progress channel and
+    a test of a stock script (which reports no steps) does by what the script writes."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:12]
+    env = _run_env(nodes, procs_per_node, train_env, log_dir, run_id)
+    # Ours to remove afterwards only when we chose it: a directory the caller named is theirs.
+    made_local_dir = etj_env.LOCAL_CHECKPOINT_DIR.name not in {**os.environ, **train_env}
+    cluster = LocalAgents(env=env, log_dir=log_dir)
+    try:
+        cluster.start_store()
+        for i in range(nodes):
+            if i and stagger_s:
+                time.sleep(stagger_s)  # the scenario: this node starts later
+            cluster.start_agent()
+        yield cluster
     finally:
         cluster.stop()
         if made_local_dir:
             shutil.rmtree(env[etj_env.LOCAL_CHECKPOINT_DIR.name], ignore_errors=True)
-    return {**last, "agentExitCodes": codes, "events": cluster.events}
 
 
 def main(nodes: int, schedule: str, train_env: dict[str, str], log_dir: Path, procs_per_node: int = 1) -> int:

@@ -46,7 +46,7 @@ from typing import Any
 
 from etj_contract import env as etj_env
 from etj_trainer.agent import preflight
-from etj_trainer.agent.agent_config import AgentConfig
+from etj_trainer.agent.agent_config import ROLE, AgentConfig
 from etj_trainer.agent.rendezvous import (
     first_round_min_nodes,
     leave_rendezvous,
@@ -114,13 +114,24 @@ def _noop() -> None:
     pass
 
 
+def joiner_elastic_env(cfg: AgentConfig) -> dict[str, str]:
+    """The part of torch elastic's worker environment that a joiner's workers, which torch's agent does not
+    start, need from us before the world admits them (RANK and the rest come then: core/world_env.py)."""
+    return {
+        "ROLE_NAME": ROLE,
+        "TORCHELASTIC_RUN_ID": cfg.run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
+    }
+
+
 def run_joiners(cfg: AgentConfig) -> int | None:
     """This node's workers join the running world in place (join.py); torch elastic's agent is not used,
     so no other agent restarts its workers. Returns the exit code, or None: take the restart path."""
     ctx = multiprocessing.get_context("forkserver")
     node = f"{etj_env.WORKER_ID.get(os.environ, 'worker')}-{os.getpid()}-{time.time_ns()}"  # this attempt
     procs = [
-        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node, node))
+        ctx.Process(target=join_worker_entry, args=(i, cfg.nproc_per_node, node, joiner_elastic_env(cfg)))
         for i in range(cfg.nproc_per_node)
     ]
     stopping: list[int] = []
@@ -157,6 +168,8 @@ def run_agent(cfg: AgentConfig) -> int:
     # Without this, an agent that stays group rank 0 across rounds does not re-publish MASTER_ADDR for the
     # new round and a joining agent waits forever for it (seen here on a 1->2 scale-up, torch 2.14).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # The time a leaving node's workers have after their SIGTERM: a stock script's handler reads it.
+    os.environ[etj_env.SIGTERM_GRACE_SECONDS.name] = str(cfg.shutdown_timeout)
     state_file = ""
     warmup: threading.Thread | None = None
     if cfg.fast_restart:

@@ -22,10 +22,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from etj_trainer.core import devices, stopping, store_client
+from etj_trainer.core import devices, stopping, store_client, world_env
 
 _FD_DIR = "/proc/self/fd"
 _owned: frozenset[tuple[int, str]] = frozenset()
+# Bound at import: while a script on the loop API runs, torch's name is replaced by a refusal
+# (worker_process.refusing_own_process_group); the worker's own groups are still formed here.
+_init_process_group = dist.init_process_group
 
 
 def _sockets() -> set[tuple[int, str]]:
@@ -51,8 +54,10 @@ def init(backend: str | None = None, **kwargs: Any) -> None:
     names another ``backend``."""
     global _owned
     before = _sockets()
-    dist.init_process_group(backend or devices.process_group_backend(), **kwargs)
+    _init_process_group(backend or devices.process_group_backend(), **kwargs)
     _owned = frozenset(_sockets() - before)
+    if "rank" in kwargs and "world_size" in kwargs:
+        world_env.publish(int(kwargs["rank"]), int(kwargs["world_size"]))
 
 
 def init_first() -> None:

@@ -104,6 +104,7 @@ def worker_env(
         etj_env.TERMINATION_GRACE_SECONDS: grace_seconds,
         etj_env.CHECKPOINT_INTERVAL_STEPS: spec.checkpoint.interval_steps,
         etj_env.PROGRESS_URL: f"http://{host}:{PROGRESS_PORT}/progress",
+        etj_env.LAUNCHER: spec.trainer.launcher.value,
         **recipe_env(training),
     }
     # Every variable the contract says the operator sets, in its order (a KeyError here: one is missing).

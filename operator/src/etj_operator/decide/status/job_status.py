@@ -23,6 +23,7 @@ from etj_operator.api.models import (
     Phase,
     Progress,
     ResizeEvent,
+    ResizeMode,
 )
 from etj_operator.decide.failures.crash_loop import CRASH_LOOP_WINDOW_S, next_step_seconds, stall_threshold
 from etj_operator.decide.failures.start_blocks import StartBlocks, failed_as
@@ -252,6 +253,7 @@ def build_status(inp: StatusInputs) -> tuple[ElasticTrainingJobStatus, list[Kube
         st.resize_history = mark_unjoined(st.resize_history)
     if inp.trainer_image is not None:
         st.trainer_image = inp.trainer_image
+    st.resize_mode = ResizeMode.IN_PLACE if inp.spec.resizes_in_place else ResizeMode.RESTART
 
     resizing = bool(worker_drains) or inp.terminating
     phase = _phase(inp, resizing)
