@@ -52,6 +52,19 @@ def test_later_agents_go_straight_on() -> None:
     clock = _FakeClock()
     wait = wait_for_startup_peers(store, "r", expected=2, bound_s=60, clock=clock, sleep=clock.sleep)
     assert wait.complete and wait.arrived == 3 and wait.waited_s == 0
+    assert wait.late  # and it is no start-up agent
+
+
+def test_a_late_agent_does_not_make_its_first_round_wait_for_the_start_up_count() -> None:
+    """Regression: a 4th agent of a job that started with 3 and has shrunk to 1 (a leave and a kill) took
+    the start-up's count as its first round's minimum and waited for a third node forever (a stock
+    torchrun script's join, which takes the rendezvous path)."""
+    store = _store()
+    store.add(arrivals_key("r"), 3)
+    gate = startup_gate(store, "r", expected=3, bound_s=60, door_open=lambda: False)
+    assert not gate.complete and not gate.door_open
+    on_time = startup_gate(_store(), "r", expected=1, bound_s=60, door_open=lambda: False)
+    assert not on_time.complete  # a single agent has no peers to wait for either
 
 
 def test_runs_do_not_share_a_count() -> None:

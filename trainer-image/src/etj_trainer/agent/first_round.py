@@ -39,10 +39,17 @@ class StartupWait:
     arrived: int  # agents counted in when this one stopped waiting (itself included)
     expected: int
     waited_s: float
+    position: int = 0  # this agent's own count-in: past ``expected``, it came after the start-up
 
     @property
     def complete(self) -> bool:
         return self.arrived >= self.expected
+
+    @property
+    def late(self) -> bool:
+        """A joiner or a replacement, not one of the start-up's agents: its first round must not wait for
+        the start-up's count (the world may have shrunk below it since)."""
+        return self.position > self.expected
 
 
 def arrivals_key(run_id: str) -> str:
@@ -61,11 +68,11 @@ def wait_for_startup_peers(
     """Count this agent in, then wait until ``expected`` agents have, or ``bound_s`` has passed."""
     key = arrivals_key(run_id)
     start = clock()
-    arrived = store.add(key, 1)
+    arrived = position = store.add(key, 1)
     while arrived < expected and clock() - start < bound_s:
         sleep(POLL_SECONDS)
         arrived = store.add(key, 0)  # add 0: a read that does not block on a missing key
-    result = StartupWait(arrived, expected, clock() - start)
+    result = StartupWait(arrived, expected, clock() - start, position)
     if not result.complete:
         log.warning(
             "etj start-up: %d of %d workers arrived within %.0f s; forming the first world without the rest",

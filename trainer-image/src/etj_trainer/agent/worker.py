@@ -241,7 +241,9 @@ def startup_gate(
         complete = False
         if expected > 1:
             wait = wait_for_startup_peers(store, run_id, expected, bound_s)
-            complete = wait.complete
+            # A late agent (a joiner after a leave) must not make its first round wait for the start-up's
+            # count: a stock script's join, which takes the rendezvous, waited forever for a third node.
+            complete = wait.complete and not wait.late
             print(
                 f"etj-train worker: start-up: {wait.arrived} of {wait.expected} workers arrived"
                 f" after {wait.waited_s:.2f} s",
