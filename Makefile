@@ -12,8 +12,12 @@ demo: setup
 	.venv/bin/etj demo
 
 # .venv/bin first on PATH: tests call etj, etj-train, kubectl, helm, hadolint and actionlint by name.
+# Two pytest-xdist workers, each on a local cluster of its own (tests/conftest.py); a test file stays on one
+# worker (--dist loadfile) so that its module-scoped beds start once. ETJ_TEST_WORKERS=0 runs it serially.
+ETJ_TEST_WORKERS ?= 2
 test: setup-test lint
-	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest tests -q --durations=20
+	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest tests -q --durations=20 \
+	  $$([ "$(ETJ_TEST_WORKERS)" = 0 ] || echo "-n $(ETJ_TEST_WORKERS) --dist loadfile")
 
 # The inner loop: lint and the pure decision tables (no control plane, no process worlds, no builds beyond
 # the venv's). tests/fast_suite.txt lists what it runs and why; README's Development section has its time.
