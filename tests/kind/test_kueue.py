@@ -58,14 +58,14 @@ from tests.kind.kindbed import (
 
 
 def _why_no_kueue() -> str | None:
-    """As tests/kueue: `make setup` (so `make e2e-kind`) builds Kueue unless ETJ_KUEUE=0; a cold build in the
-    test would take most of its time limit."""
+    """As tests/kueue: `make setup-test` (so `make e2e-kind`) builds Kueue unless ETJ_KUEUE=0; a cold build
+    in the test would take most of its time limit."""
     from etj_testbed.localcluster import kueue_build
 
     if os.environ.get("ETJ_KUEUE") == "0":
         return "ETJ_KUEUE=0"
     if not kueue_build.is_built():
-        return "Kueue is not built: `make setup` or `etj kueue build` builds it (docs/kueue.md)"
+        return "Kueue is not built: `make setup-test` or `etj kueue build` builds it (docs/kueue.md)"
     return None
 
 

@@ -1,7 +1,7 @@
 """Kueue on the local control plane (docs/kueue.md): the `kueue` fixture and a namespace it manages.
 
-`kueue` runs Kueue's manager (built once by `make setup` / `etj kueue build` and cached under the bed's cache
-dir) against the session's cluster for the tests of this package only. Its Job and Pod webhooks and its job
+`kueue` runs Kueue's manager (built once by `make setup-test` / `etj kueue build` and cached under the bed's
+cache dir) against the session's cluster for the tests of this package only. Its Job and Pod webhooks and its job
 management are scoped to namespaces labelled `KUEUE_LABEL`, so the rest of the suite never goes through
 Kueue; teardown deletes the Kueue objects while Kueue can still clear their finalizers, then unregisters
 the webhooks and stops the process. Without a build the tests skip with the reason (ETJ_KUEUE=1 builds it
@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         marker = pytest.mark.timeout(3 * 3600)
     else:
         marker = pytest.mark.skip(
-            reason="Kueue is not built: `make setup` or `etj kueue build` builds it (cold: ~20 min on 2 "
+            reason="Kueue is not built: `make setup-test` or `etj kueue build` builds it (cold: ~20 min on 2 "
             "cores, docs/kueue.md), or ETJ_KUEUE=1 builds it in the test session"
         )
     for item in items:

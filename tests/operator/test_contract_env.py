@@ -81,3 +81,10 @@ def test_agent_config_reads_its_variables() -> None:
         {**base, "ETJ_FAST_RESTART": "0", "ETJ_LAST_CALL_TIMEOUT": "2.5", "ETJ_KEEP_ALIVE_INTERVAL": "4"}
     )
     assert (tuned.fast_restart, tuned.last_call_timeout, tuned.keep_alive_interval) == (False, 2.5, 4)
+
+
+def test_the_launcher_vocabulary_is_the_contracts() -> None:
+    """spec.trainer.launcher's values are the ones the trainer reads (one vocabulary, issue 51 item 2)."""
+    from etj_operator.api.pod import Launcher
+
+    assert tuple(m.value for m in Launcher) == etj_env.LAUNCHERS

@@ -320,3 +320,9 @@ def test_store_disruption_budget_admits_no_eviction_of_the_store_only() -> None:
 )
 def test_rendezvous_index_reads_only_this_jobs_store_names(pod: str, index: int | None) -> None:
     assert rendezvous_index("train", pod) == index
+
+
+@pytest.mark.parametrize("launcher", ["Etj", "Torchrun"])
+def test_the_launcher_reaches_the_worker_as_etj_launcher(launcher: str) -> None:
+    env = _env(_pod(trainer={"image": "t:1", "launcher": launcher}))
+    assert env["ETJ_LAUNCHER"] == launcher

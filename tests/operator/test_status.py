@@ -411,3 +411,12 @@ def test_the_last_worker_exiting_0_is_the_job_finishing_not_a_lost_worker(case: 
     changes = [(e.type, e.reason, e.message) for e in out.events if e.message.startswith("workers")]
     assert changes == [("Normal", "JobFinished", "workers 1 -> 0")], out.events
     assert not out.status.resize_history  # the world did not shrink: training is over
+
+
+@pytest.mark.parametrize(("launcher", "mode"), [("Etj", "InPlace"), ("Torchrun", "Restart")])
+def test_status_says_how_the_job_resizes(launcher: str, mode: str) -> None:
+    """A stock torchrun script (trainer.launcher Torchrun) resizes by restarting every worker: its status
+    says so plainly, as the loop API's says InPlace (issue 47, rung 0)."""
+    s = spec(trainer={"image": "trainer:1", "resources": {"gpu": 1}, "launcher": launcher})
+    st = plan(job(s, started(4)), observe(cluster(), [*RUNNING, store()])).status
+    assert st.resize_mode is not None and st.resize_mode.value == mode
