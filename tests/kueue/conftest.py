@@ -1,8 +1,8 @@
 """Kueue on the local control plane (docs/kueue.md): the `kueue` fixture and a namespace it manages.
 
 `kueue` runs Kueue's manager (built once by `make setup-test` / `etj kueue build` and cached under the bed's
-cache dir) against the session's cluster for the tests of this package only. Its Job and Pod webhooks and its job
-management are scoped to namespaces labelled `KUEUE_LABEL`, so the rest of the suite never goes through
+cache dir) against the session's cluster for the tests of this package only. Its Job and Pod webhooks and its
+job management are scoped to namespaces labelled `KUEUE_LABEL`, so the rest of the suite never goes through
 Kueue; teardown deletes the Kueue objects while Kueue can still clear their finalizers, then unregisters
 the webhooks and stops the process. Without a build the tests skip with the reason (ETJ_KUEUE=1 builds it
 in the session instead); `ETJ_KUEUE=0` skips them.
