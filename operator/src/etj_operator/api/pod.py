@@ -287,8 +287,9 @@ class TrainerSpec(ApiModel):
         default_factory=list,
         description="Arguments appended to command. With the default command, "
         '["--script", "/workspace/train.py", ...] runs your own training script (written on '
-        "etj_trainer.elastic, in the image or on a volume) on every rank instead of the built-in trainer; "
-        "everything after the script's path goes to it.",
+        "etj_trainer.elastic, or a stock torchrun script with launcher Torchrun; in the image or on a "
+        "volume) on every rank instead of the built-in trainer; everything after the script's path goes to "
+        "it.",
     )
     launcher: Launcher = Field(
         default=Launcher.ETJ,
